@@ -1,0 +1,80 @@
+"""The DominoTree options a user sets, validated into one frozen object.
+
+The same keys are accepted in vLLM's `--speculative-config` JSON beside "method" and
+"model"; unknown keys and bad values fail with a message naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .drafter.checkpoint import DrafterSpec
+from .tree.builder import TreeShape
+
+SCORERS = ("conditional", "marginal", "chain")
+
+
+class DominoTreeConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class DominoTreeConfig:
+    # Drafted nodes per tree (the verification pass checks budget + 1 rows).
+    budget: int = 16
+    # Candidate width M: the conditional scorer corrects only the marginal top-M tokens
+    # of each depth (M >= vocabulary size means no restriction).
+    candidates: int = 64
+    # conditional = DominoTree, marginal = DDTree, chain = the released single path.
+    scorer: str = "conditional"
+    # Children a node may get; None = budget (no limit beyond the budget).
+    max_children: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.scorer not in SCORERS:
+            raise DominoTreeConfigError(
+                f"scorer {self.scorer!r} is unknown; choose one of {', '.join(SCORERS)}"
+            )
+        for name in ("budget", "candidates"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise DominoTreeConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.budget > 64:
+            raise DominoTreeConfigError(
+                f"budget {self.budget} is over 64 nodes; ancestor masks hold one 64-bit word "
+                "per row, so pick budget <= 64"
+            )
+        if self.max_children is not None and (
+            not isinstance(self.max_children, int) or self.max_children < 1
+        ):
+            raise DominoTreeConfigError(
+                f"max_children must be a positive integer or null, got {self.max_children!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, options: dict) -> DominoTreeConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise DominoTreeConfigError(
+                f"unknown DominoTree option(s) {unknown}; known options: {sorted(known)}"
+            )
+        return cls(**options)
+
+    def check_drafter(self, spec: DrafterSpec) -> None:
+        if self.scorer == "conditional" and not spec.is_domino:
+            raise DominoTreeConfigError(
+                f"scorer 'conditional' needs a Domino checkpoint (dflash_config.projector_type "
+                f"'domino'), but {spec.path} is a plain DFlash drafter; use scorer 'marginal' "
+                "(DDTree) or 'chain' with it"
+            )
+
+    def tree_shape(self, num_drafts: int) -> TreeShape:
+        """The builder's limits for a drafter with `num_drafts` drafts per block."""
+        if self.scorer == "chain":
+            return TreeShape(budget=num_drafts, max_depth=num_drafts, max_children=1)
+        return TreeShape(
+            budget=self.budget,
+            max_depth=num_drafts,
+            max_children=self.max_children or self.budget,
+        )

@@ -1,0 +1,187 @@
+"""Best-first draft trees (DDTree's heap) over a pluggable children function.
+
+A tree is grown for every request of a step at once. Each iteration pops, per request,
+the candidate with the highest cumulative log-probability, adds it as a node, pushes its
+next sibling, and asks the scorer for the new node's children (one batched call for all
+requests, which is where the device work and the one host sync per pop happen). Only the
+best child of a new node is pushed (lazy expansion), so each pop pushes at most two
+candidates and the popped scores never increase.
+
+Scorers (see scorers.py) decide what a node's children are:
+  conditional - Domino's correction along the node's own path (DominoTree),
+  marginal    - the drafter's per-depth marginals, path-independent (DDTree),
+and the chain (the released single-path decoder) is either of them with one child per
+node and a budget of one block.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+ROOT = 0
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    budget: int  # drafted nodes per tree (the root, i.e. the anchor token, not counted)
+    max_depth: int  # drafts per block K: a node at this depth gets no children
+    max_children: int  # children considered per node (the heap's branching limit)
+
+    def __post_init__(self) -> None:
+        if min(self.budget, self.max_depth, self.max_children) < 1:
+            raise ValueError(f"tree budget, depth and children must be >= 1, got {self}")
+
+
+@dataclass
+class Children:
+    """A node's candidate children, best first. logprobs: log-probabilities of each token
+    given the node's path (not cumulative)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """Ask for the children of `node`, just added to request `request`'s tree."""
+
+    request: int
+    node: int
+    parent: int  # -1 for the root
+    token: int
+    depth: int
+
+
+class Scorer(Protocol):
+    """Computes children for a batch of new nodes (one per request at most)."""
+
+    def expand(self, items: list[Expansion]) -> list[Children]: ...
+
+
+@dataclass
+class DraftTree:
+    """One request's tree in topological order. Node 0 is the root: the anchor (the last
+    verified token), at depth 0. parents[i] < i. Nodes are numbered in pop order, and
+    scores are their cumulative log-probabilities (root 0). children[i]: i's child nodes."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    scores: list[float]
+    children: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def root(cls, anchor: int) -> DraftTree:
+        return cls([anchor], [-1], [0], [0.0], [[]])
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.scores.append(score)
+        self.children.append([])
+        self.children[parent].append(node)
+        return node
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root's child down to `node` (root excluded)."""
+        out = []
+        while node != ROOT:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n, n] bool: row i sees column j iff j is i or an ancestor of i."""
+        n = self.num_nodes
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            mask[i, i] = True
+            p = self.parents[i]
+            if p >= 0:
+                mask[i] |= mask[p]
+        return mask
+
+
+def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[DraftTree]:
+    """Grow one best-first tree per request. anchors: the last verified token of each."""
+    trees = [DraftTree.root(a) for a in anchors]
+    children: list[dict[int, Children]] = [{} for _ in anchors]
+    heaps: list[list[tuple[float, int, int, int]]] = [[] for _ in anchors]
+    pushes = 0
+
+    def push(r: int, parent: int, rank: int) -> None:
+        nonlocal pushes
+        score = trees[r].scores[parent] + children[r][parent].logprobs[rank]
+        # Ties pop in push order, so the tree is a pure function of the scores.
+        heapq.heappush(heaps[r], (-score, pushes, parent, rank))
+        pushes += 1
+
+    def expand(items: list[Expansion]) -> None:
+        for item, kids in zip(items, scorer.expand(items), strict=True):
+            children[item.request][item.node] = kids
+            if kids.tokens:
+                push(item.request, item.node, 0)
+
+    expand([Expansion(r, ROOT, -1, a, 0) for r, a in enumerate(anchors)])
+    while True:
+        popped = False
+        new_nodes = []
+        for r, tree in enumerate(trees):
+            if tree.num_nodes - 1 >= shape.budget or not heaps[r]:
+                continue
+            popped = True
+            neg_score, _, parent, rank = heapq.heappop(heaps[r])
+            kids = children[r][parent]
+            node = tree.add(kids.tokens[rank], parent, -neg_score)
+            if rank + 1 < len(kids.tokens):
+                push(r, parent, rank + 1)
+            # A node's children are only worth computing if one could still be popped.
+            if tree.depths[node] < shape.max_depth and tree.num_nodes - 1 < shape.budget:
+                new_nodes.append(Expansion(r, node, parent, kids.tokens[rank], tree.depths[node]))
+        if not popped:
+            return trees
+        if new_nodes:
+            expand(new_nodes)
+
+
+@dataclass
+class TreeBatch:
+    """The trees of one step as padded tensors (what verification needs).
+    Rows past num_nodes[r] are padding: token 0, parent -1, depth 0, masked out."""
+
+    tokens: torch.Tensor  # [R, N + 1] long
+    parents: torch.Tensor  # [R, N + 1] long, -1 for the root and padding
+    depths: torch.Tensor  # [R, N + 1] long
+    num_nodes: torch.Tensor  # [R] long (root included)
+    ancestor_mask: torch.Tensor  # [R, N + 1, N + 1] bool
+
+    def positions(self, start: torch.Tensor) -> torch.Tensor:
+        """start: [R] position of each root (anchor) -> [R, N + 1] node positions."""
+        return start[:, None] + self.depths
+
+
+def batch_trees(trees: list[DraftTree], budget: int) -> TreeBatch:
+    rows = budget + 1
+    r = len(trees)
+    tokens = torch.zeros(r, rows, dtype=torch.long)
+    parents = torch.full((r, rows), -1, dtype=torch.long)
+    depths = torch.zeros(r, rows, dtype=torch.long)
+    mask = torch.zeros(r, rows, rows, dtype=torch.bool)
+    for i, t in enumerate(trees):
+        n = t.num_nodes
+        tokens[i, :n] = torch.tensor(t.tokens)
+        parents[i, :n] = torch.tensor(t.parents)
+        depths[i, :n] = torch.tensor(t.depths)
+        mask[i, :n, :n] = t.ancestor_mask()
+    num_nodes = torch.tensor([t.num_nodes for t in trees], dtype=torch.long)
+    return TreeBatch(tokens, parents, depths, num_nodes, mask)
