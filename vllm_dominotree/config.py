@@ -29,6 +29,9 @@ class DominoTreeConfig:
     scorer: str = "conditional"
     # Children a node may get; None = budget (no limit beyond the budget).
     max_children: int | None = None
+    # Grow the greedy path to full depth before branching, so that the tree always
+    # contains the chain (see tree/builder.py). Costs depth's worth of budget.
+    spine: bool = False
 
     def __post_init__(self) -> None:
         if self.scorer not in SCORERS:
@@ -44,6 +47,8 @@ class DominoTreeConfig:
                 f"budget {self.budget} is over 64 nodes; ancestor masks hold one 64-bit word "
                 "per row, so pick budget <= 64"
             )
+        if not isinstance(self.spine, bool):
+            raise DominoTreeConfigError(f"spine must be true or false, got {self.spine!r}")
         if self.max_children is not None and (
             not isinstance(self.max_children, int) or self.max_children < 1
         ):
@@ -77,4 +82,5 @@ class DominoTreeConfig:
             budget=self.budget,
             max_depth=num_drafts,
             max_children=self.max_children or self.budget,
+            spine=self.spine,
         )

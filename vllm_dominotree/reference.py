@@ -112,17 +112,16 @@ class ReferenceDecoder:
         self,
         prompt: list[int],
         max_new_tokens: int,
-        sampling: SamplingParams = SamplingParams(),
+        sampling: SamplingParams | None = None,
         stop_token_ids: tuple[int, ...] = (),
     ) -> DecodeResult:
+        sampling = sampling or SamplingParams()
         result = DecodeResult(self.mode, [])
         generator = sampling.make_generator(self.device)
         clock = _Clock(self.device)
         cache = DynamicCache(config=self.target.config)
         ids = torch.tensor([prompt], device=self.device)
-        out = self.target(
-            ids, past_key_values=cache, output_hidden_states=self.drafter is not None
-        )
+        out = self.target(ids, past_key_values=cache, output_hidden_states=self.drafter is not None)
         first = int(draw_target_tokens(out.logits[0, -1:], sampling, generator)[0])
         result.tokens.append(first)
         if self.drafter is not None:

@@ -17,7 +17,7 @@ block) need a pair built to agree:
   `noise` on B sets how often the corrected top-1 is wrong (then the right token is
   usually a near sibling, which is what trees are for).
 
-Token V-1 is the drafter's mask token and the EOS; pi never maps to it.
+Token V-1 is the drafter's mask token and the EOS; the target never predicts it.
 """
 
 from __future__ import annotations
@@ -53,10 +53,15 @@ def _embeddings(spec: PairSpec, gen: torch.Generator) -> torch.Tensor:
     return emb / emb.pow(2).mean(-1, keepdim=True).sqrt()  # RMS 1: the final norm keeps it
 
 
-def _successors(spec: PairSpec, gen: torch.Generator) -> torch.Tensor:
-    """pi: a permutation of 0..V-2 (V-1, the mask/EOS, maps to 0 and is never produced)."""
-    perm = torch.randperm(spec.vocab - 1, generator=gen)
-    return torch.cat([perm, torch.tensor([0])])
+def _bigram_head(spec: PairSpec, emb: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """lm_head [V, H] of the bigram: row pi(t) = beta * emb[t] for a random permutation
+    pi of 0..V-2. Row V-1 (mask / EOS) points away from every embedding (their constant
+    coordinate is positive), so the target never ends a sequence by itself."""
+    pi = torch.randperm(spec.vocab - 1, generator=gen)
+    head = torch.zeros(spec.vocab, spec.hidden)
+    head[pi] = spec.beta * emb[: spec.vocab - 1]
+    head[spec.vocab - 1, 0] = -10.0
+    return head
 
 
 def target_config(spec: PairSpec) -> dict:
@@ -135,10 +140,8 @@ def drafter_config(
 def target_tensors(spec: PairSpec) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(spec.seed)
     emb = _embeddings(spec, gen)
-    pi = _successors(spec, gen)
+    lm_head = _bigram_head(spec, emb, gen)
     h, hd, inter = spec.hidden, spec.hidden // 2, 2 * spec.hidden
-    lm_head = torch.zeros(spec.vocab, h)
-    lm_head[pi] = spec.beta * emb  # row pi(t) = beta * emb[t]
     tensors = {
         "model.embed_tokens.weight": emb,
         "model.norm.weight": torch.ones(h),
@@ -165,7 +168,7 @@ def target_tensors(spec: PairSpec) -> dict[str, torch.Tensor]:
 def drafter_tensors(spec: PairSpec, *, domino: bool = True) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(spec.seed)
     emb = _embeddings(spec, gen)
-    pi = _successors(spec, gen)
+    lm_head = _bigram_head(spec, emb, gen)
     gen = torch.Generator().manual_seed(spec.seed + 1)
     h, hd, inter = spec.hidden, spec.hidden // 2, 2 * spec.hidden
     n_ctx = spec.draft_layers  # one context feature per target layer id
@@ -193,10 +196,8 @@ def drafter_tensors(spec: PairSpec, *, domino: bool = True) -> dict[str, torch.T
     if domino:
         g = h
         w_ih = torch.zeros(3 * g, h)
-        w_ih[g:2 * g, 0] = -40.0  # update gate z = sigmoid(-40): the state is replaced
-        w_ih[2 * g:] = spec.alpha * torch.eye(g)  # candidate n = tanh(alpha * x)
-        lm_head = torch.zeros(spec.vocab, h)
-        lm_head[pi] = spec.beta * emb
+        w_ih[g : 2 * g, 0] = -40.0  # update gate z = sigmoid(-40): the state is replaced
+        w_ih[2 * g :] = spec.alpha * torch.eye(g)  # candidate n = tanh(alpha * x)
         rows = lm_head / spec.alpha
         rows = rows + spec.noise * rows.std() * torch.randn(rows.shape, generator=gen)
         eye = torch.eye(g)
@@ -221,15 +222,19 @@ def write_tokenizer(path: Path, vocab: int) -> None:
     tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<eos>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<eos>",
-        "bos_token": "<eos>",
-        "unk_token": "<eos>",
-        "pad_token": "<eos>",
-        "model_max_length": 4096,
-        "clean_up_tokenization_spaces": False,
-    }))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<eos>",
+                "bos_token": "<eos>",
+                "unk_token": "<eos>",
+                "pad_token": "<eos>",
+                "model_max_length": 4096,
+                "clean_up_tokenization_spaces": False,
+            }
+        )
+    )
 
 
 def write_target(path: str | Path, spec: PairSpec) -> Path:
@@ -245,7 +250,9 @@ def write_target(path: str | Path, spec: PairSpec) -> Path:
 
 def write_drafter(path: str | Path, spec: PairSpec, **layout) -> Path:
     domino = layout.get("domino", True)
-    return write_checkpoint(path, drafter_config(spec, **layout), drafter_tensors(spec, domino=domino))
+    return write_checkpoint(
+        path, drafter_config(spec, **layout), drafter_tensors(spec, domino=domino)
+    )
 
 
 def write_pair(root: str | Path, spec: PairSpec = PairSpec()) -> tuple[Path, Path]:

@@ -117,7 +117,7 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     span = num_target_layers - 4
-    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
 def _field(cfg: dict, name: str, file: Path, kind: type, *, where: str = "") -> Any:
@@ -144,7 +144,9 @@ def _rope_theta(cfg: dict, file: Path) -> float:
             )
         return float(_field(params, "rope_theta", file, float, where="rope_parameters."))
     scaling = cfg.get("rope_scaling")
-    if scaling not in (None, {}) and scaling.get("rope_type", scaling.get("type")) != "default":
+    if scaling not in (None, {}) and (
+        not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) != "default"
+    ):
         raise DrafterFormatError(
             f"{file}: field 'rope_scaling' is {scaling!r}; DFlash drafters use plain RoPE"
         )
@@ -181,9 +183,11 @@ def read_spec(path: str | Path) -> DrafterSpec:
     num_target_layers = cfg.get("num_target_layers")
     if "target_layer_ids" in dflash:
         layer_ids = dflash["target_layer_ids"]
-        if not (isinstance(layer_ids, list) and layer_ids and all(
-            isinstance(i, int) and i >= 0 for i in layer_ids
-        )):
+        if not (
+            isinstance(layer_ids, list)
+            and layer_ids
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layer_ids)
+        ):
             raise DrafterFormatError(
                 f"{file}: field 'dflash_config.target_layer_ids' should be a non-empty list "
                 f"of layer indices, got {layer_ids!r}"
@@ -218,15 +222,31 @@ def read_spec(path: str | Path) -> DrafterSpec:
                 f"{file}: field 'emb_dim' (dflash_config or top level) is missing or not an int"
             )
     prefix_len = dflash.get("pure_draft_prefix_len", 0)
-    shift_label = bool(dflash.get("shift_label", False))
+    if not isinstance(prefix_len, int) or isinstance(prefix_len, bool):
+        raise DrafterFormatError(
+            f"{file}: field 'dflash_config.pure_draft_prefix_len' should be int, got {prefix_len!r}"
+        )
+    shift_label = dflash.get("shift_label", False)
+    if not isinstance(shift_label, bool):
+        raise DrafterFormatError(
+            f"{file}: field 'dflash_config.shift_label' should be true or false, got "
+            f"{shift_label!r}"
+        )
+    num_kv_heads = cfg.get("num_key_value_heads", num_heads)
+    head_dim = cfg.get("head_dim") or hidden // num_heads
+    for name, value in (("num_key_value_heads", num_kv_heads), ("head_dim", head_dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DrafterFormatError(
+                f"{file}: field '{name}' should be a positive int, got {value!r}"
+            )
     spec = DrafterSpec(
         path=path,
         hidden_size=hidden,
         intermediate_size=_field(cfg, "intermediate_size", file, int),
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=cfg.get("num_key_value_heads", num_heads),
-        head_dim=cfg.get("head_dim") or hidden // num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
         vocab_size=_field(cfg, "vocab_size", file, int),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=_rope_theta(cfg, file),
@@ -286,7 +306,16 @@ def check_fits_target(
 def _weight_files(path: Path) -> list[Path]:
     index = path / WEIGHTS_INDEX_FILE
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+            raise DrafterFormatError(
+                f"{index}: not a safetensors index (needs a 'weight_map' of tensor -> file): "
+                f"{err!r}"
+            ) from err
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise DrafterFormatError(f"{index}: names shard files that are missing: {missing}")
         return [path / s for s in shards]
     single = path / WEIGHTS_FILE
     if single.is_file():
@@ -315,7 +344,9 @@ def load_tensors(spec: DrafterSpec) -> dict[str, torch.Tensor]:
     if missing:
         hint = ""
         if any(n.startswith(("prefix_gru", "embed_proj")) for n in missing) and spec.is_domino:
-            hint = " (config.json declares a Domino projector, so the GRU and embed_proj are needed)"
+            hint = (
+                " (config.json declares a Domino projector, so the GRU and embed_proj are needed)"
+            )
         raise DrafterFormatError(
             f"{files}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}{hint}"
         )

@@ -120,7 +120,9 @@ class DFlashBackbone(nn.Module):
             attn = F.scaled_dot_product_attention(
                 q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), enable_gqa=True
             )
-            x = x + self._linear(attn.transpose(0, 1).reshape(x.shape[0], -1), p + "self_attn.o_proj")
+            x = x + self._linear(
+                attn.transpose(0, 1).reshape(x.shape[0], -1), p + "self_attn.o_proj"
+            )
             h = rms_norm(x, self._p(p + "post_attention_layernorm.weight"), s.rms_norm_eps)
             gate = self._linear(h, p + "mlp.gate_proj")
             up = self._linear(h, p + "mlp.up_proj")
@@ -165,7 +167,9 @@ class DominoHead(nn.Module):
 
     def correction(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary correction logits. hidden: [n, H], state: [n, G] -> [n, V]."""
-        return F.linear(F.silu(F.linear(torch.cat([hidden, state], -1), self.proj_in)), self.proj_out)
+        return F.linear(
+            F.silu(F.linear(torch.cat([hidden, state], -1), self.proj_in)), self.proj_out
+        )
 
 
 class Drafter(nn.Module):

@@ -7,6 +7,10 @@ requests, which is where the device work and the one host sync per pop happen). 
 best child of a new node is pushed (lazy expansion), so each pop pushes at most two
 candidates and the popped scores never increase.
 
+With `spine`, the greedy path is grown first (so the tree contains the chain and never
+accepts less than it, at the price of budget spent on depth); pop order is then
+best-first only after the spine.
+
 Scorers (see scorers.py) decide what a node's children are:
   conditional - Domino's correction along the node's own path (DominoTree),
   marginal    - the drafter's per-depth marginals, path-independent (DDTree),
@@ -30,6 +34,9 @@ class TreeShape:
     budget: int  # drafted nodes per tree (the root, i.e. the anchor token, not counted)
     max_depth: int  # drafts per block K: a node at this depth gets no children
     max_children: int  # children considered per node (the heap's branching limit)
+    # Grow the greedy path (every node's best child) to full depth first, then spend the
+    # rest of the budget best-first: the tree then always contains the chain.
+    spine: bool = False
 
     def __post_init__(self) -> None:
         if min(self.budget, self.max_depth, self.max_children) < 1:
@@ -117,6 +124,8 @@ def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[Dr
     trees = [DraftTree.root(a) for a in anchors]
     children: list[dict[int, Children]] = [{} for _ in anchors]
     heaps: list[list[tuple[float, int, int, int]]] = [[] for _ in anchors]
+    # With a spine, the deepest greedy node whose best child is still owed to the tree.
+    spine_tip: list[int | None] = [ROOT if shape.spine else None for _ in anchors]
     pushes = 0
 
     def push(r: int, parent: int, rank: int) -> None:
@@ -129,7 +138,7 @@ def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[Dr
     def expand(items: list[Expansion]) -> None:
         for item, kids in zip(items, scorer.expand(items), strict=True):
             children[item.request][item.node] = kids
-            if kids.tokens:
+            if kids.tokens and spine_tip[item.request] != item.node:
                 push(item.request, item.node, 0)
 
     expand([Expansion(r, ROOT, -1, a, 0) for r, a in enumerate(anchors)])
@@ -137,12 +146,21 @@ def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[Dr
         popped = False
         new_nodes = []
         for r, tree in enumerate(trees):
-            if tree.num_nodes - 1 >= shape.budget or not heaps[r]:
+            tip = spine_tip[r]
+            owed = tip is not None and tip in children[r] and children[r][tip].tokens
+            if tree.num_nodes - 1 >= shape.budget or not (heaps[r] or owed):
                 continue
             popped = True
-            neg_score, _, parent, rank = heapq.heappop(heaps[r])
+            if owed:
+                parent, rank = tip, 0
+                score = tree.scores[tip] + children[r][tip].logprobs[0]
+            else:
+                neg_score, _, parent, rank = heapq.heappop(heaps[r])
+                score = -neg_score
             kids = children[r][parent]
-            node = tree.add(kids.tokens[rank], parent, -neg_score)
+            node = tree.add(kids.tokens[rank], parent, score)
+            if owed:
+                spine_tip[r] = node if tree.depths[node] < shape.max_depth else None
             if rank + 1 < len(kids.tokens):
                 push(r, parent, rank + 1)
             # A node's children are only worth computing if one could still be popped.

@@ -81,7 +81,9 @@ class ConditionalScorer:
         # Node slots per request: budget + 1 tree nodes, then a slot of zeros that
         # stands for the root's parent, then a scratch slot that padding rows write.
         self.zero_slot, self.scratch_slot = budget + 1, budget + 2
-        self.states = torch.zeros(r, budget + 3, head.spec.gru_hidden_dim, device=device, dtype=dtype)
+        self.states = torch.zeros(
+            r, budget + 3, head.spec.gru_hidden_dim, device=device, dtype=dtype
+        )
         self.hid_part = torch.zeros(r, k, emb_dim, device=device, dtype=dtype)  # W_h h_d
         self.base = torch.zeros(r, k, m, device=device, dtype=dtype)  # L_base on candidates
         if self.restricted:
@@ -161,8 +163,10 @@ class ConditionalScorer:
         n = len(items)
         p = self._padded_rows(n)
         rows = torch.tensor(
-            [[i.request, i.node, i.parent if i.parent >= 0 else self.zero_slot, i.token, i.depth]
-             for i in items]
+            [
+                [i.request, i.node, i.parent if i.parent >= 0 else self.zero_slot, i.token, i.depth]
+                for i in items
+            ]
             + [[0, self.scratch_slot, self.zero_slot, 0, 0]] * (p - n),
             dtype=torch.long,
         ).T

@@ -1,0 +1,209 @@
+"""The best-first builder and its scorers, on random Domino heads and drafter outputs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from vllm_dominotree.drafter import Drafter
+from vllm_dominotree.drafter.checkpoint import write_checkpoint
+from vllm_dominotree.toy_pair import PairSpec, drafter_config, drafter_tensors
+from vllm_dominotree.tree import (
+    ConditionalScorer,
+    MarginalScorer,
+    TreeShape,
+    batch_trees,
+    build_trees,
+    make_scorer,
+)
+
+V, K = 40, 5
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """A Domino head with random weights (the toy pair's shapes, vocabulary V)."""
+    spec = PairSpec(vocab=V, hidden=16, block_size=K)
+    gen = torch.Generator().manual_seed(7)
+    tensors = {
+        name: 0.5 * torch.randn(t.shape, generator=gen) for name, t in drafter_tensors(spec).items()
+    }
+    path = write_checkpoint(tmp_path_factory.mktemp("head"), drafter_config(spec), tensors)
+    return Drafter.load(path).head
+
+
+def random_step(head, requests: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(requests, K, head.hidden_size, generator=gen)
+    base = 3 * torch.randn(requests, K, V, generator=gen)
+    embed = torch.randn(V, head.hidden_size, generator=gen)
+    anchors = torch.randint(0, V, (requests,), generator=gen).tolist()
+    return hidden, base, embed, anchors
+
+
+def conditional(head, embed, shape, candidates, requests, prefix_len=1):
+    return ConditionalScorer(
+        head,
+        embed,
+        max_requests=requests,
+        num_drafts=K,
+        budget=shape.budget,
+        candidates=candidates,
+        max_children=shape.max_children,
+        prefix_len=prefix_len,
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kind", ["conditional", "marginal"])
+def test_tree_properties(head, seed, kind):
+    gen = torch.Generator().manual_seed(100 + seed)
+    budget = int(torch.randint(1, 30, (1,), generator=gen))
+    children = int(torch.randint(1, 6, (1,), generator=gen))
+    shape = TreeShape(budget=budget, max_depth=K, max_children=children)
+    hidden, base, embed, anchors = random_step(head, 3, seed)
+    if kind == "marginal":
+        scorer = MarginalScorer(children)
+    else:
+        scorer = conditional(head, embed, shape, candidates=16, requests=3)
+    scorer.prepare(hidden, base)
+    for tree, anchor in zip(build_trees(scorer, anchors, shape), anchors, strict=True):
+        n = tree.num_nodes
+        assert tree.tokens[0] == anchor and tree.parents[0] == -1 and tree.depths[0] == 0
+        assert 1 <= n - 1 <= budget
+        # With a full tree available (children^depth is large) the budget is spent.
+        if sum(children**d for d in range(1, K + 1)) >= budget:
+            assert n - 1 == budget
+        for i in range(1, n):
+            p = tree.parents[i]
+            assert 0 <= p < i, "topological order / prefix-closed"
+            assert tree.depths[i] == tree.depths[p] + 1 <= K
+            assert tree.scores[i] <= tree.scores[p]
+        assert all(a >= b for a, b in itertools.pairwise(tree.scores[1:])), "pop order"
+        for kids in tree.children:
+            assert len(kids) <= children
+            assert len({tree.tokens[c] for c in kids}) == len(kids), "siblings are distinct"
+
+
+def brute_force_top_nodes(head, hidden, base, embed, anchor, shape, candidates, prefix_len=1):
+    """Score every node of the full tree (all paths, max_children per node, depth <= K)
+    straight from Domino's definition and keep the `budget` best: what best-first must
+    find. Returns {token path: cumulative log-prob}."""
+    state0 = head.initial_state(embed[anchor][None])
+    scored = {}
+    frontier = [((), state0, 0.0)]
+    for depth in range(K):
+        top_m = base[depth].topk(min(candidates, V)).indices
+        next_frontier = []
+        for path, state, score in frontier:
+            logits = base[depth][None].clone()
+            if depth >= prefix_len:
+                logits += head.correction(hidden[depth][None], state)
+            logp = torch.log_softmax(logits[0, top_m], -1)
+            best = logp.topk(shape.max_children)
+            for lp, idx in zip(best.values.tolist(), best.indices.tolist(), strict=True):
+                tok = int(top_m[idx])
+                child = (*path, tok)
+                scored[child] = score + lp
+                new_state = head.gru_step(embed[tok][None], state)
+                next_frontier.append((child, new_state, score + lp))
+        frontier = next_frontier
+    best = sorted(scored.items(), key=lambda kv: -kv[1])[: shape.budget]
+    return dict(best)
+
+
+@pytest.mark.parametrize("candidates", [V, 12])
+@pytest.mark.parametrize("prefix_len", [0, 1])
+def test_conditional_tree_equals_definition(head, candidates, prefix_len):
+    """candidates = V: the unrestricted computation; 12: the top-M restriction."""
+    shape = TreeShape(budget=12, max_depth=K, max_children=3)
+    hidden, base, embed, anchors = random_step(head, 2, seed=3)
+    scorer = conditional(head, embed, shape, candidates, requests=2, prefix_len=prefix_len)
+    scorer.prepare(hidden, base)
+    trees = build_trees(scorer, anchors, shape)
+    for r, tree in enumerate(trees):
+        expected = brute_force_top_nodes(
+            head, hidden[r], base[r], embed, anchors[r], shape, candidates, prefix_len
+        )
+        got = {
+            tuple(tree.tokens[n] for n in tree.path(i)): tree.scores[i]
+            for i in range(1, tree.num_nodes)
+        }
+        assert got.keys() == expected.keys()
+        for path, score in got.items():
+            assert score == pytest.approx(expected[path], abs=1e-4)
+
+
+def test_chain_equals_released_domino_decode(head):
+    """The chain scorer must reproduce Domino's released single-path decoder: draft 0
+    from the marginals, then argmax(L_base[i] + embed_proj([h_i ; S])) with the GRU over
+    [anchor, drafts...], over the whole vocabulary."""
+    shape = TreeShape(budget=K, max_depth=K, max_children=1)
+    hidden, base, embed, anchors = random_step(head, 3, seed=11)
+    # Make the restriction matter: a candidate width that would miss tokens.
+    scorer = make_scorer(
+        "chain", head, embed, shape=shape, candidates=4, prefix_len=1, max_requests=3
+    )
+    scorer.prepare(hidden, base)
+    trees = build_trees(scorer, anchors, shape)
+    for r, tree in enumerate(trees):
+        drafts = [int(base[r, 0].argmax())]
+        state = head.gru_step(embed[drafts[0]][None], head.initial_state(embed[anchors[r]][None]))
+        for i in range(1, K):
+            logits = base[r, i] + head.correction(hidden[r, i][None], state)[0]
+            drafts.append(int(logits.argmax()))
+            state = head.gru_step(embed[drafts[-1]][None], state)
+        assert tree.parents == list(range(-1, K))
+        assert tree.tokens[1:] == drafts
+
+
+def test_marginal_tree_is_path_independent(head):
+    shape = TreeShape(budget=20, max_depth=K, max_children=4)
+    hidden, base, _, anchors = random_step(head, 1, seed=5)
+    scorer = MarginalScorer(4)
+    scorer.prepare(hidden, base)
+    tree = build_trees(scorer, anchors, shape)[0]
+    logp = torch.log_softmax(base[0], -1)
+    for i in range(1, tree.num_nodes):
+        p = tree.parents[i]
+        step = logp[tree.depths[i] - 1, tree.tokens[i]].item()
+        assert tree.scores[i] == pytest.approx(tree.scores[p] + step, abs=1e-5)
+
+
+def test_spine_contains_the_chain(head):
+    hidden, base, embed, anchors = random_step(head, 2, seed=9)
+    chain_shape = TreeShape(budget=K, max_depth=K, max_children=1)
+    chain = make_scorer(
+        "chain", head, embed, shape=chain_shape, candidates=V, prefix_len=1, max_requests=2
+    )
+    chain.prepare(hidden, base)
+    chains = build_trees(chain, anchors, chain_shape)
+    spine_shape = TreeShape(budget=K + 6, max_depth=K, max_children=3, spine=True)
+    tree_scorer = conditional(head, embed, spine_shape, candidates=V, requests=2)
+    tree_scorer.prepare(hidden, base)
+    for c, t in zip(chains, build_trees(tree_scorer, anchors, spine_shape), strict=True):
+        assert t.num_nodes - 1 == K + 6
+        # The first K nodes are the greedy path, identical to the chain.
+        assert t.tokens[: K + 1] == c.tokens and t.parents[: K + 1] == c.parents
+
+
+def test_batch_trees_masks_and_positions(head):
+    shape = TreeShape(budget=7, max_depth=K, max_children=3)
+    hidden, base, embed, anchors = random_step(head, 2, seed=1)
+    scorer = conditional(head, embed, shape, candidates=V, requests=2)
+    scorer.prepare(hidden, base)
+    trees = build_trees(scorer, anchors, shape)
+    batch = batch_trees(trees, budget=7)
+    positions = batch.positions(torch.tensor([10, 20]))
+    for r, tree in enumerate(trees):
+        n = tree.num_nodes
+        assert batch.num_nodes[r] == n
+        assert batch.tokens[r, :n].tolist() == tree.tokens
+        assert positions[r, :n].tolist() == [[10, 20][r] + d for d in tree.depths]
+        for i in range(n):
+            ancestors = {i, *tree.path(i)} | {0}
+            for j in range(batch.ancestor_mask.shape[-1]):
+                assert bool(batch.ancestor_mask[r, i, j]) == (j in ancestors and j < n)
+        assert not batch.ancestor_mask[r, n:].any()
