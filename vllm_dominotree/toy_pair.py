@@ -43,6 +43,7 @@ class PairSpec:
     beta: float = 0.06  # target sharpness: logit gap ~ beta * hidden between top-1 and rest
     alpha: float = 0.25  # GRU input scale (tanh stays near its linear range)
     noise: float = 0.3  # relative noise on the correction's output rows
+    sharpness: float = 2.0  # scales the correction: the drafter's confidence, not its errors
     backbone_noise: float = 0.02  # small weights in the drafter layers' output projections
     seed: int = 0
 
@@ -198,7 +199,7 @@ def drafter_tensors(spec: PairSpec, *, domino: bool = True) -> dict[str, torch.T
         w_ih = torch.zeros(3 * g, h)
         w_ih[g : 2 * g, 0] = -40.0  # update gate z = sigmoid(-40): the state is replaced
         w_ih[2 * g :] = spec.alpha * torch.eye(g)  # candidate n = tanh(alpha * x)
-        rows = lm_head / spec.alpha
+        rows = spec.sharpness * lm_head / spec.alpha
         rows = rows + spec.noise * rows.std() * torch.randn(rows.shape, generator=gen)
         eye = torch.eye(g)
         tensors |= {
@@ -214,13 +215,14 @@ def drafter_tensors(spec: PairSpec, *, domino: bool = True) -> dict[str, torch.T
 
 def write_tokenizer(path: Path, vocab: int) -> None:
     """A character-level tokenizer (one char per id, the last id is <eos>)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     chars = list(CHARS[: vocab - 1])
     chars += [f"<t{i}>" for i in range(len(chars), vocab - 1)]
     table = {c: i for i, c in enumerate(chars)} | {"<eos>": vocab - 1}
     tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<eos>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
         json.dumps(
