@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from .drafter.checkpoint import default_target_layer_ids, write_checkpoint
+from .drafter.checkpoint import DrafterSpec, default_target_layer_ids, write_checkpoint
+from .drafter.model import DominoHead
 
 CHARS = " abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"
 
@@ -261,3 +262,53 @@ def write_pair(root: str | Path, spec: PairSpec = PairSpec()) -> tuple[Path, Pat
     """Write target/ and drafter/ under root; returns their paths."""
     root = Path(root)
     return write_target(root / "target", spec), write_drafter(root / "drafter", spec)
+
+
+def random_domino_head(
+    *,
+    hidden: int,
+    vocab: int,
+    gru_hidden: int,
+    emb_dim: int,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> DominoHead:
+    """A Domino head with random weights of the given shapes (Qwen3-4B's: hidden 2560,
+    vocab 151936, GRU 1024, rank 256), made on the device: for cost measurements and
+    graph-vs-eager checks, where weight values do not matter."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        fan_in = shape[-1]
+        return (torch.randn(shape, generator=gen, device=device) / fan_in**0.5).to(dtype)
+
+    tensors = {
+        "prefix_gru.weight_ih_l0": rand(3 * gru_hidden, hidden),
+        "prefix_gru.weight_hh_l0": rand(3 * gru_hidden, gru_hidden),
+        "embed_proj.0.weight": rand(emb_dim, hidden + gru_hidden),
+        "embed_proj.2.weight": 8 * rand(vocab, emb_dim),
+    }
+    spec = DrafterSpec(
+        path=Path("<random>"),
+        hidden_size=hidden,
+        intermediate_size=0,
+        num_layers=0,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=1,
+        vocab_size=vocab,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        attention_bias=False,
+        block_size=16,
+        mask_token_id=0,
+        target_layer_ids=(0,),
+        num_target_layers=None,
+        is_domino=True,
+        gru_hidden_dim=gru_hidden,
+        emb_dim=emb_dim,
+        pure_draft_prefix_len=1,
+        shift_label=True,
+    )
+    return DominoHead(spec, tensors)

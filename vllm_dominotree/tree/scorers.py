@@ -89,9 +89,16 @@ class ConditionalScorer:
         if self.restricted:
             self.cand = torch.zeros(r, k, m, device=device, dtype=torch.long)
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
+        # Per-node inputs (request, node, parent slot, token, depth) and outputs (log-probs
+        # and tokens of the best children, both exact in float64) cross to and from the
+        # host through pinned buffers: one copy each way and one sync per pop.
+        pinned = device.type == "cuda"
         self.rows_in = torch.zeros(5, r, device=device, dtype=torch.long)
-        self.tokens_out = torch.zeros(r, self.max_children, device=device, dtype=torch.long)
-        self.logprobs_out = torch.zeros(r, self.max_children, device=device, dtype=torch.float32)
+        self.rows_host = torch.zeros(5, r, dtype=torch.long, pin_memory=pinned)
+        self.children_out = torch.zeros(2, r, self.max_children, device=device, dtype=torch.float64)
+        self.children_host = torch.zeros(
+            2, r, self.max_children, dtype=torch.float64, pin_memory=pinned
+        )
         self.use_cuda_graphs = use_cuda_graphs
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
@@ -124,8 +131,9 @@ class ConditionalScorer:
         corrected = (depth >= self.prefix_len)[:, None]
         logits = self.base[req, depth] + corr * corrected
         values, index = torch.log_softmax(logits.float(), dim=-1).topk(self.max_children, dim=-1)
-        self.logprobs_out[:p] = values
-        self.tokens_out[:p] = self.cand[req, depth].gather(1, index) if self.restricted else index
+        tokens = self.cand[req, depth].gather(1, index) if self.restricted else index
+        self.children_out[0, :p] = values
+        self.children_out[1, :p] = tokens
 
     def _padded_rows(self, n: int) -> int:
         p = 1
@@ -143,7 +151,8 @@ class ConditionalScorer:
         graph.replay()
 
     def _capture(self, p: int) -> torch.cuda.CUDAGraph:
-        saved = self.states.clone()
+        # Warm-up runs the step on the current rows; it only rewrites the same states
+        # with the same values (and the scratch slot), so no state needs restoring.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -154,7 +163,6 @@ class ConditionalScorer:
         with torch.cuda.graph(graph, pool=self._pool):
             self._expand_rows(p)
         self._pool = graph.pool()
-        self.states.copy_(saved)  # warm-up and capture wrote real rows
         self._graphs[p] = graph
         return graph
 
@@ -162,19 +170,20 @@ class ConditionalScorer:
     def expand(self, items: list[Expansion]) -> list[Children]:
         n = len(items)
         p = self._padded_rows(n)
-        rows = torch.tensor(
-            [
-                [i.request, i.node, i.parent if i.parent >= 0 else self.zero_slot, i.token, i.depth]
-                for i in items
-            ]
-            + [[0, self.scratch_slot, self.zero_slot, 0, 0]] * (p - n),
-            dtype=torch.long,
-        ).T
-        self.rows_in[:, :p].copy_(rows, non_blocking=True)
+        rows = self.rows_host.numpy()
+        for col, i in enumerate(items):
+            parent = i.parent if i.parent >= 0 else self.zero_slot
+            rows[:, col] = (i.request, i.node, parent, i.token, i.depth)
+        rows[:, n:p] = [[0], [self.scratch_slot], [self.zero_slot], [0], [0]]
+        self.rows_in[:, :p].copy_(self.rows_host[:, :p], non_blocking=True)
         self._run(p)
-        tokens = self.tokens_out[:n].tolist()
-        logprobs = self.logprobs_out[:n].tolist()
-        return [Children(t, lp) for t, lp in zip(tokens, logprobs, strict=True)]
+        self.children_host[:, :n].copy_(self.children_out[:, :n], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        logprobs, tokens = self.children_host[:, :n].tolist()
+        return [
+            Children([int(t) for t in tok], lp) for tok, lp in zip(tokens, logprobs, strict=True)
+        ]
 
 
 def make_scorer(
