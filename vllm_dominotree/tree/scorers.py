@@ -102,6 +102,14 @@ class ConditionalScorer:
         self.use_cuda_graphs = use_cuda_graphs
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        # On CUDA the step is compiled (Inductor fuses its ~30 small kernels into a few,
+        # halving its device time); the eager and graph builders share the compiled
+        # function, which keeps their trees bit-identical.
+        self._expand = (
+            torch.compile(self._expand_rows, fullgraph=True)
+            if device.type == "cuda"
+            else self._expand_rows
+        )
 
     @torch.no_grad()
     def prepare(self, hidden: torch.Tensor, base_logits: torch.Tensor) -> None:
@@ -141,9 +149,15 @@ class ConditionalScorer:
             p *= 2
         return min(p, self.max_requests)
 
+    def _step(self, p: int) -> None:
+        """Inputs in, the step, outputs out: with graphs, the two copies are captured too."""
+        self.rows_in[:, :p].copy_(self.rows_host[:, :p], non_blocking=True)
+        self._expand(p)
+        self.children_host[:, :p].copy_(self.children_out[:, :p], non_blocking=True)
+
     def _run(self, p: int) -> None:
         if not self.use_cuda_graphs:
-            self._expand_rows(p)
+            self._step(p)
             return
         graph = self._graphs.get(p)
         if graph is None:
@@ -157,11 +171,11 @@ class ConditionalScorer:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._expand_rows(p)
+                self._step(p)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._expand_rows(p)
+            self._step(p)
         self._pool = graph.pool()
         self._graphs[p] = graph
         return graph
@@ -175,9 +189,7 @@ class ConditionalScorer:
             parent = i.parent if i.parent >= 0 else self.zero_slot
             rows[:, col] = (i.request, i.node, parent, i.token, i.depth)
         rows[:, n:p] = [[0], [self.scratch_slot], [self.zero_slot], [0], [0]]
-        self.rows_in[:, :p].copy_(self.rows_host[:, :p], non_blocking=True)
         self._run(p)
-        self.children_host[:, :n].copy_(self.children_out[:, :n], non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
         logprobs, tokens = self.children_host[:, :n].tolist()
