@@ -13,7 +13,9 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """vLLM plugin entry point. The engine integration (method name, runner, tree
-    attention) is added by the vLLM integration; until then loading is a no-op that
-    proves the entry point resolves."""
+    """vLLM plugin entry point: lets vLLM accept `"method": "dominotree"` (see
+    patches/). The engine side is selected through the worker class."""
+    from .patches import apply_frontend_patches
+
+    apply_frontend_patches()
     logger.debug("vllm-dominotree %s plugin loaded", __version__)

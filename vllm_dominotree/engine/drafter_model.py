@@ -1,0 +1,37 @@
+"""vLLM's DFlash drafter model, also carrying Domino's GRU and correction weights.
+
+vLLM 0.32's `DFlashQwen3ForCausalLM` loads the backbone (layers, fc, hidden_norm, norm)
+into its paged-KV attention layers and shares the target's embedding and lm_head.
+A Domino checkpoint adds `prefix_gru.*` and `embed_proj.*`, which that loader does not
+know. This subclass takes them out of the weight stream, keeps them as tensors on the
+model's device and dtype, and hands the rest to vLLM. The Domino head's math lives in
+`drafter.model.DominoHead`, shared with the reference decoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+
+DOMINO_PREFIXES = ("prefix_gru.", "embed_proj.")
+
+
+class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.domino_tensors: dict[str, torch.Tensor] = {}
+        self._dtype = vllm_config.model_config.dtype
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        device = self.lm_head.weight.device
+
+        def backbone_only():
+            for name, tensor in weights:
+                if name.startswith(DOMINO_PREFIXES):
+                    self.domino_tensors[name] = tensor.to(device=device, dtype=self._dtype)
+                else:
+                    yield name, tensor
+
+        return super().load_weights(backbone_only())

@@ -1,0 +1,118 @@
+"""The DominoTree proposer: one drafter backbone pass per step, one tree per request.
+
+It is vLLM's DFlash proposer (context K/V from the target's aux hidden states, paged
+drafter KV cache, non-causal query block) with two differences:
+- the query block is the drafter's own block (`block_size` slots: the bonus token and
+  block_size - 1 masks), not 1 + num_speculative_tokens slots, because the verification
+  budget is a tree size, not a block length;
+- instead of sampling one token per mask slot it builds a best-first tree per request
+  from the block's hidden rows and returns the nodes' tokens in topological order.
+The trees themselves are kept (`last_trees`) for the runner's verification step.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.forward_context import set_forward_context
+from vllm.v1.spec_decode.dflash import DFlashProposer
+
+from ..config import DominoTreeConfig
+from ..drafter.checkpoint import check_fits_target, read_spec
+from ..drafter.model import DominoHead
+from ..tree.builder import DraftTree, build_trees
+from ..tree.scorers import make_scorer
+from .speculative import ADDITIONAL_CONFIG_KEY
+
+
+class DominoTreeProposer(DFlashProposer):
+    def __init__(self, vllm_config, device: torch.device, runner=None):
+        super().__init__(vllm_config, device, runner)
+        self.options = DominoTreeConfig(**vllm_config.additional_config[ADDITIONAL_CONFIG_KEY])
+        self.spec = read_spec(self.draft_model_config.model)
+        self.shape = self.options.tree_shape(self.spec.num_drafts)
+        self.budget = self.num_speculative_tokens  # verification rows per request - 1
+        self.scorer = None
+        self.last_trees: list[DraftTree] = []
+
+    def load_model(self, target_model: torch.nn.Module) -> None:
+        super().load_model(target_model)
+        target = self.vllm_config.model_config
+        check_fits_target(
+            self.spec,
+            hidden_size=target.get_hidden_size(),
+            vocab_size=target.get_vocab_size(),
+            num_layers=target.get_total_num_hidden_layers(),
+        )
+        head = DominoHead(self.spec, self.model.domino_tensors) if self.spec.is_domino else None
+        self.scorer = make_scorer(
+            self.options.scorer,
+            head,
+            self.model.model.embed_tokens.weight,
+            shape=self.shape,
+            candidates=self.options.candidates,
+            prefix_len=self.spec.pure_draft_prefix_len,
+            max_requests=self.max_batch_size,
+            use_cuda_graphs=self.device.type == "cuda",
+        )
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        num_speculative_tokens: int,
+        target_token_ids: torch.Tensor,  # [T] all scheduled rows (context)
+        target_positions: torch.Tensor,  # [T]
+        target_hidden_states: torch.Tensor,  # [T, n_ids * H] aux hidden states
+        next_token_ids: torch.Tensor,  # [R] the bonus token of each request (anchor)
+        token_indices_to_sample: torch.Tensor | None,
+        common_attn_metadata,
+        sampling_metadata,
+        mm_embed_inputs=None,
+        num_rejected_tokens_gpu: torch.Tensor | None = None,
+        slot_mappings=None,
+    ) -> torch.Tensor:
+        """Returns the trees' drafted tokens, [R, budget] (padding past a tree's size is
+        never accepted: the runner verifies against `last_trees`)."""
+        num_reqs = common_attn_metadata.batch_size()
+        context = self.model.combine_hidden_states(target_hidden_states)
+        # The query block is block_size slots: the bonus and block_size - 1 masks.
+        self.num_speculative_tokens = self.spec.block_size - 1
+        try:
+            num_tokens, _, cad = self.set_inputs_first_pass(
+                target_token_ids=target_token_ids,
+                next_token_ids=next_token_ids,
+                target_positions=target_positions,
+                target_hidden_states=context,
+                token_indices_to_sample=token_indices_to_sample,
+                cad=common_attn_metadata,
+                num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+            )
+        finally:
+            self.num_speculative_tokens = self.budget
+        _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(cad)
+        cudagraph_mode, num_input_tokens, num_tokens_across_dp = (
+            self._determine_batch_execution_and_padding(num_tokens)
+        )
+        model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(
+            num_tokens, num_input_tokens, mm_embed_inputs
+        )
+        with set_forward_context(
+            per_layer_metadata,
+            self.vllm_config,
+            num_tokens=num_input_tokens,
+            num_tokens_across_dp=num_tokens_across_dp,
+            cudagraph_runtime_mode=cudagraph_mode,
+            slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping),
+        ):
+            block_rows = self.model(**model_kwargs)[:num_tokens]
+
+        # Rows that predict drafts 0..K-1 of each request: [R, K, H].
+        first, k = self.spec.first_draft_slot, self.spec.num_drafts
+        hidden = block_rows.view(num_reqs, self.spec.block_size, -1)[:, first : first + k]
+        base_logits = self.model.compute_logits(hidden.reshape(num_reqs * k, -1))
+        self.scorer.prepare(hidden, base_logits.view(num_reqs, k, -1))
+        self.last_trees = build_trees(self.scorer, next_token_ids.tolist(), self.shape)
+
+        drafts = torch.zeros(num_reqs, self.budget, dtype=torch.int64)
+        for r, tree in enumerate(self.last_trees):
+            drafts[r, : tree.num_nodes - 1] = torch.tensor(tree.tokens[1:])
+        return drafts.to(self.device)

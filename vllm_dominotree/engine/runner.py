@@ -1,0 +1,166 @@
+"""The model runner: vLLM's V1 runner with tree verification and tree acceptance.
+
+Per step, on top of vLLM's DFlash flow:
+1. `_prepare_inputs`: after vLLM laid out the rows (each verification row in its own
+   KV slot), give tree rows their tree positions (root position + depth) and describe
+   the step's trees (`TreeRows`).
+2. `_model_forward`: run the target with the trees published to the attention backend
+   (ancestor-only attention for tree rows, K/V of tree rows kept).
+3. `_sample`: sample-and-match every request's tree with its own sampling params and
+   generator; report the accepted path plus the bonus as the first tokens of vLLM's
+   [R, max_spec_len + 1] output so the scheduler's prefix rollback stays right; rewrite
+   the path's K/V into the first slots; put the root and path rows first (with linear
+   positions) so the drafter's context update takes exactly the accepted rows.
+4. The proposer (`DominoTreeProposer`) drafts the next trees, kept per request id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from vllm.v1.outputs import SamplerOutput
+
+from ..tree.acceptance import SamplingParams, draw_target_tokens
+from .proposer import DominoTreeProposer
+from .tree_attention import TreeAttentionContext, rewrite_accepted_kv, tree_attention
+from .verify import TreeRows, accept_rows, tree_rows
+
+
+@dataclass
+class DominoTreeStats:
+    """Counters the tests and benchmarks read through collective_rpc."""
+
+    steps: int = 0  # verification steps with at least one tree
+    trees: int = 0  # trees verified
+    accepted_tokens: int = 0  # drafted tokens accepted (bonus excluded)
+    sibling_accepts: int = 0  # accepted nodes that were not their parent's first child
+    kv_moves: int = 0  # accepted paths whose K/V had to move to the first slots
+
+    @property
+    def mean_accept_length(self) -> float:
+        return 1 + self.accepted_tokens / max(1, self.trees)
+
+
+class DominoTreeRunnerMixin:
+    """Mixed into vLLM's V1 GPUModelRunner / CPUModelRunner (see worker.py)."""
+
+    def __init__(self, vllm_config, device):
+        super().__init__(vllm_config, device)
+        assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
+        self.dominotree_stats = DominoTreeStats()
+        self._trees: dict[str, object] = {}  # request id -> the tree proposed for it
+        self._step_trees: TreeAttentionContext | None = None
+        self._accepted: list[tuple[TreeRows, list[int]]] = []  # (tree, root + path rows)
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        forward_context = self.compilation_config.static_forward_context
+        self._target_layers = frozenset(
+            name
+            for name, layer in forward_context.items()
+            if hasattr(layer, "impl") and name not in self.drafter._draft_attn_layer_names
+        )
+
+    # 1. positions and tree description -------------------------------------------------
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
+        out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        trees: list[TreeRows] = []
+        row = 0
+        for i, req_id in enumerate(self.input_batch.req_ids[: self.input_batch.num_reqs]):
+            drafts = spec_tokens.get(req_id)
+            if drafts:
+                start = int(self.input_batch.num_computed_tokens_cpu[i])
+                rows = tree_rows(i, row, start, list(drafts), self._trees.get(req_id))
+                trees.append(rows)
+                positions = torch.tensor(rows.depths, dtype=self.positions.dtype) + start
+                self.positions[row : row + rows.num_rows] = positions.to(self.positions.device)
+            row += int(num_scheduled_tokens[i])
+        self._step_trees = TreeAttentionContext(trees, self._target_layers) if trees else None
+        # Consumed: if the drafter is skipped this step (input too long), the scheduler
+        # gets zero drafts, which then verify as a plain chain.
+        self._trees = {}
+        return out
+
+    # 2. the target forward with tree attention ----------------------------------------
+    def _model_forward(self, *args, **kwargs):
+        with tree_attention(self._step_trees):
+            return super()._model_forward(*args, **kwargs)
+
+    # 3. acceptance ---------------------------------------------------------------------
+    def _sample(self, logits, spec_decode_metadata) -> SamplerOutput:
+        if spec_decode_metadata is None:
+            return super()._sample(logits, spec_decode_metadata)
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        trees = {t.batch_index: t for t in (self._step_trees.trees if self._step_trees else [])}
+        width = spec_decode_metadata.max_spec_len + 1
+        sampled = torch.full((num_reqs, width), -1, dtype=torch.int32)
+        moves = []
+        self._accepted = []
+        first_row = 0
+        for i in range(num_reqs):
+            num_rows = spec_decode_metadata.num_draft_tokens[i] + 1
+            rows_logits = logits[first_row : first_row + num_rows]
+            first_row += num_rows
+            params = self._sampling_params(i)
+            generator = batch.sampling_metadata.generators.get(i)
+            tree = trees.get(i)
+            if tree is None:  # no drafts this step (a prefill's end)
+                sampled[i, 0] = int(draw_target_tokens(rows_logits[-1:], params, generator)[0])
+                continue
+            result = accept_rows(tree, rows_logits, params, generator)
+            sampled[i, : len(result.tokens)] = torch.tensor(result.tokens, dtype=torch.int32)
+            self._count(tree, result)
+            if result.moved:
+                moves.append((tree, result.path))
+                self._accepted.append((tree, [0, *result.path]))
+        if self._step_trees is not None:
+            rewrite_accepted_kv(self.compilation_config.static_forward_context,
+                                self._step_trees, moves)  # fmt: skip
+            self.dominotree_stats.steps += 1
+            self.dominotree_stats.kv_moves += len(moves)
+        return SamplerOutput(sampled_token_ids=sampled.to(logits.device), logprobs_tensors=None)
+
+    def _sampling_params(self, i: int) -> SamplingParams:
+        batch = self.input_batch
+        if batch.req_ids[i] in batch.greedy_reqs:
+            return SamplingParams()
+        top_k = int(batch.top_k_cpu[i])
+        return SamplingParams(
+            temperature=float(batch.temperature_cpu[i]),
+            top_k=0 if top_k >= self.model_config.get_vocab_size() else top_k,
+            top_p=float(batch.top_p_cpu[i]),
+        )
+
+    def _count(self, tree: TreeRows, result) -> None:
+        stats = self.dominotree_stats
+        stats.trees += 1
+        stats.accepted_tokens += len(result.path)
+        kids = tree.tree.children
+        stats.sibling_accepts += sum(kids[tree.parents[n]][0] != n for n in result.path)
+
+    # 4. proposing ----------------------------------------------------------------------
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                                hidden_states, sample_hidden_states, aux_hidden_states,
+                                *args):  # fmt: skip
+        # The drafter takes each request's first 1 + k rows (k accepted) as its new
+        # context, at linear positions: put the root and the path first.
+        for tree, keep in self._accepted:
+            rest = [r for r in range(tree.num_rows) if r not in set(keep)]
+            order = torch.tensor(keep + rest) + tree.row_start
+            span = slice(tree.row_start, tree.row_start + tree.num_rows)
+            for rows in (self.input_ids.gpu, *(aux_hidden_states or [])):
+                rows[span] = rows[order.to(rows.device)].clone()
+            self.positions[span] = tree.start + torch.arange(
+                tree.num_rows, device=self.positions.device
+            )
+        drafts = super().propose_draft_token_ids(
+            scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+            sample_hidden_states, aux_hidden_states, *args,
+        )  # fmt: skip
+        req_ids = self.input_batch.req_ids[: self.input_batch.num_reqs]
+        self._trees = dict(zip(req_ids, self.drafter.last_trees, strict=True))
+        return drafts

@@ -1,0 +1,63 @@
+"""`"method": "dominotree"` -> vLLM's DFlash plumbing plus the plugin's options.
+
+vLLM 0.32 accepts only its own method names. The user's speculative config is
+translated before vLLM builds its config (in process 0): vLLM sees a DFlash drafter
+with `num_speculative_tokens` = the tree's node budget (so the scheduler reserves one
+verification row per node and the drafter's query slots), the DominoTree options travel
+in `additional_config["dominotree"]`, and the workers use the plugin's worker class.
+Everything is validated here, so mistakes fail at startup with a message naming the
+key, not inside a worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from ..config import DominoTreeConfig, DominoTreeConfigError
+from ..drafter.checkpoint import DrafterFormatError, read_spec
+
+METHOD = "dominotree"
+ADDITIONAL_CONFIG_KEY = "dominotree"
+# Keys of the user's JSON that are vLLM's, not DominoTree options.
+VLLM_KEYS = {"method", "model", "num_speculative_tokens"}
+
+
+def translate(speculative_config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The user's `{"method": "dominotree", "model": ..., <options>}` ->
+    (vLLM speculative config, DominoTree options for additional_config)."""
+    options = {k.replace("-", "_"): v for k, v in speculative_config.items()}
+    drafter = options.get("model")
+    if not isinstance(drafter, str) or not drafter:
+        raise DominoTreeConfigError(
+            'speculative config: "method": "dominotree" needs "model": the path of a Domino '
+            "or DFlash drafter checkpoint"
+        )
+    try:
+        spec = read_spec(drafter)
+    except DrafterFormatError as err:
+        raise DominoTreeConfigError(f"speculative config 'model': {err}") from err
+    config = DominoTreeConfig.from_dict({k: v for k, v in options.items() if k not in VLLM_KEYS})
+    config.check_drafter(spec)
+    shape = config.tree_shape(spec.num_drafts)
+    # The drafter's query block (anchor + masks, block_size slots) is written into the
+    # slots vLLM reserves for drafting: num_speculative_tokens + 1 of them.
+    if shape.budget + 1 < spec.block_size:
+        raise DominoTreeConfigError(
+            f"budget {shape.budget} is below the drafter's block size {spec.block_size} "
+            f"minus one; vLLM reserves the drafter's slots from the budget, so use "
+            f"budget >= {spec.block_size - 1}"
+        )
+    requested = options.get("num_speculative_tokens")
+    if requested is not None and requested != shape.budget:
+        raise DominoTreeConfigError(
+            f"num_speculative_tokens {requested} contradicts the tree's node budget "
+            f"{shape.budget}; leave num_speculative_tokens out (it is the budget) or set "
+            "'budget' instead"
+        )
+    vllm_config = {"method": "dflash", "model": drafter, "num_speculative_tokens": shape.budget}
+    return vllm_config, asdict(config)
+
+
+def is_dominotree(speculative_config: Any) -> bool:
+    return isinstance(speculative_config, dict) and speculative_config.get("method") == METHOD

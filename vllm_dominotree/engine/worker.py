@@ -1,0 +1,34 @@
+"""The DominoTree worker: vLLM's worker with the tree runner (selected by
+`parallel_config.worker_cls`, which the engine-args patch sets)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import vllm.v1.worker.cpu_worker as cpu_worker_module
+import vllm.v1.worker.gpu_model_runner as runner_module
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.cpu_worker import CPUWorker
+
+from ..patches.worker_classes import swapped
+from ..patches.worker_registrations import register_worker_overrides
+from .proposer import DominoTreeProposer
+from .runner import DominoTreeRunnerMixin
+
+
+class DominoTreeCPUModelRunner(DominoTreeRunnerMixin, CPUModelRunner):
+    def __init__(self, vllm_config, device):
+        with swapped(runner_module, "DFlashProposer", DominoTreeProposer):
+            super().__init__(vllm_config, device)
+
+
+class DominoTreeCPUWorker(CPUWorker):
+    def init_device(self) -> None:
+        register_worker_overrides()
+        with swapped(cpu_worker_module, "CPUModelRunner", DominoTreeCPUModelRunner):
+            super().init_device()
+
+    def dominotree_stats(self) -> dict:
+        """Counters of the tree runner (read with LLM.collective_rpc)."""
+        stats = self.model_runner.dominotree_stats
+        return asdict(stats) | {"mean_accept_length": stats.mean_accept_length}

@@ -1,0 +1,82 @@
+"""Patch: translate `"method": "dominotree"` before vLLM builds its config.
+
+Why: vLLM 0.32's `SpeculativeConfig.method` is a closed Literal with no registry; an
+unknown method fails in `SpeculativeConfig.__post_init__`.
+How: `EngineArgs.create_engine_config` (run in process 0 by LLM, AsyncLLM and the API
+server) is wrapped; when the speculative config names our method it is rewritten into
+vLLM's DFlash plumbing plus `additional_config["dominotree"]`, the worker class is set
+to the DominoTree worker, and unsupported engine options are refused with a message.
+Removal: when vLLM accepts plugin-registered speculative methods.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms import current_platform
+
+from ..config import DominoTreeConfigError
+from ..engine.speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
+
+CPU_WORKER = "vllm_dominotree.engine.worker.DominoTreeCPUWorker"
+
+
+def prepare_engine_args(args: EngineArgs) -> None:
+    """Rewrite `args` in place for a DominoTree engine (raises on bad options)."""
+    if not current_platform.is_cpu():
+        raise DominoTreeConfigError(
+            "speculative method 'dominotree' runs on CPU in this release; the CUDA tree "
+            "attention kernel is not in yet, so serve on CUDA without it for now"
+        )
+    if args.pipeline_parallel_size != 1:
+        raise DominoTreeConfigError(
+            "speculative method 'dominotree' does not support pipeline parallelism; "
+            "set pipeline_parallel_size=1"
+        )
+    if args.tensor_parallel_size != 1:
+        raise DominoTreeConfigError(
+            "speculative method 'dominotree' does not support tensor parallelism yet; "
+            "set tensor_parallel_size=1"
+        )
+    if args.async_scheduling:
+        raise DominoTreeConfigError(
+            "speculative method 'dominotree' needs synchronous scheduling (a step's "
+            "trees are built from its own acceptance); drop async_scheduling"
+        )
+    vllm_spec, options = translate(args.speculative_config)
+    args.speculative_config = vllm_spec
+    args.additional_config = {**(args.additional_config or {}), ADDITIONAL_CONFIG_KEY: options}
+    args.async_scheduling = False
+    args.worker_cls = CPU_WORKER
+    # The tree runner extends vLLM's V1 model runner (V2's speculators are hard-coded).
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+
+
+def check_engine_config(config) -> None:
+    """Refuse targets the tree runner cannot verify, once vLLM knows the model."""
+    model = config.model_config
+    if model.is_hybrid or model.is_attention_free:
+        raise DominoTreeConfigError(
+            f"speculative method 'dominotree' needs an attention-only target; {model.model} "
+            "has recurrent (Mamba/linear-attention) layers, whose state cannot follow a tree"
+        )
+
+
+def patch_engine_args() -> None:
+    original = EngineArgs.create_engine_config
+    if getattr(original, "_dominotree", False):
+        return
+
+    @functools.wraps(original)
+    def create_engine_config(self, *args, **kwargs):
+        if not is_dominotree(self.speculative_config):
+            return original(self, *args, **kwargs)
+        prepare_engine_args(self)
+        config = original(self, *args, **kwargs)
+        check_engine_config(config)
+        return config
+
+    create_engine_config._dominotree = True
+    EngineArgs.create_engine_config = create_engine_config

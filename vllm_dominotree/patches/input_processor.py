@@ -1,0 +1,73 @@
+"""Patch: refuse, per request, what the tree sampler does not implement.
+
+Why: DominoTree replaces vLLM's rejection sampler with sample-and-match over a tree;
+it draws each node's token from temperature / top-k / top-p (and a seed). Features
+that depend on the output so far (penalties, min_tokens), reshape the distribution in
+other ways (logit_bias, min_p, allowed/bad words, structured outputs, thinking budget,
+watermarking) or report per-token logprobs are not implemented, and silently ignoring
+them would change what the user asked for.
+How: `InputProcessor._validate_params` is wrapped; for a DominoTree engine it raises
+`VLLMValidationError` naming the parameter. The API server answers 400, the engine and
+the other requests are untouched; `LLM.generate` raises to the caller.
+Removal: when the tree sampler implements these features.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.input_processor import InputProcessor
+
+from ..engine.speculative import ADDITIONAL_CONFIG_KEY
+
+
+def unsupported_features(params: SamplingParams) -> list[tuple[str, object]]:
+    """(parameter, value) pairs of a request that DominoTree cannot honour."""
+    checks = [
+        ("logprobs", params.logprobs, params.logprobs is not None),
+        ("presence_penalty", params.presence_penalty, params.presence_penalty != 0),
+        ("frequency_penalty", params.frequency_penalty, params.frequency_penalty != 0),
+        ("repetition_penalty", params.repetition_penalty, params.repetition_penalty != 1),
+        ("min_p", params.min_p, params.min_p > 0),
+        ("min_tokens", params.min_tokens, params.min_tokens > 0),
+        ("logit_bias", params.logit_bias, bool(params.logit_bias)),
+        ("allowed_token_ids", params.allowed_token_ids, bool(params.allowed_token_ids)),
+        ("bad_words", params.bad_words, bool(params.bad_words)),
+        ("structured_outputs", params.structured_outputs, params.structured_outputs is not None),
+        ("logprob_token_ids", params.logprob_token_ids, params.logprob_token_ids is not None),
+        (
+            "thinking_token_budget",
+            params.thinking_token_budget,
+            params.thinking_token_budget is not None,
+        ),
+        ("watermarking", params.watermarking, bool(params.watermarking)),
+    ]
+    return [(name, value) for name, value, bad in checks if bad]
+
+
+def patch_input_processor() -> None:
+    original = InputProcessor._validate_params
+    if getattr(original, "_dominotree", False):
+        return
+
+    @functools.wraps(original)
+    def _validate_params(self, params, *args, **kwargs):
+        result = original(self, params, *args, **kwargs)
+        extra = self.vllm_config.additional_config or {}
+        if ADDITIONAL_CONFIG_KEY in extra and isinstance(params, SamplingParams):
+            bad = unsupported_features(params)
+            if bad:
+                name, value = bad[0]
+                raise VLLMValidationError(
+                    f"{name}={value!r} is not supported with speculative method 'dominotree' "
+                    "(its tree sampler honours temperature, top_k, top_p and seed); remove "
+                    f"{name} from the request",
+                    parameter=name,
+                    value=value,
+                )
+        return result
+
+    _validate_params._dominotree = True
+    InputProcessor._validate_params = _validate_params
