@@ -1,0 +1,100 @@
+"""Real vLLM (CPU) engines for the integration tests.
+
+Engine starts cost 17-30 s here, so engines are shared: `baseline` (no speculation) and
+`conditional` (DominoTree with its defaults) live for the whole session; others are
+module-scoped. Every engine uses the toy pair in float32 with eager execution.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+from vllm_dominotree.toy_pair import PairSpec, write_drafter, write_pair
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+MAX_MODEL_LEN = 256
+# Eight prompts of different lengths (token ids of the toy vocabulary, EOS = 63 excluded).
+PROMPTS = [
+    [5],
+    [40, 41],
+    [5, 9, 12, 3],
+    [1, 2, 3, 4, 5, 6, 7],
+    [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40],
+    list(range(10, 30)),
+    [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7],
+    [i % 60 for i in range(3, 120, 3)],
+]
+
+
+@pytest.fixture(scope="session")
+def pair_dirs(tmp_path_factory):
+    """target/, drafter/ (Domino, often right) and dflash/ (plain DFlash) folders."""
+    root = tmp_path_factory.mktemp("engine-pair")
+    spec = PairSpec(noise=0.8)
+    target, drafter = write_pair(root, spec)
+    dflash = write_drafter(root / "dflash", spec, domino=False, shift_label=False)
+    return {"target": str(target), "drafter": str(drafter), "dflash": str(dflash)}
+
+
+def make_llm(pair_dirs, speculative_config=None, **kwargs):
+    from vllm import LLM
+
+    options = dict(
+        model=pair_dirs["target"],
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=False,
+    )
+    options.update(kwargs)
+    return LLM(speculative_config=speculative_config, **options)
+
+
+def shutdown(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def dominotree(pair_dirs, **options):
+    return {"method": "dominotree", "model": pair_dirs["drafter"], **options}
+
+
+@pytest.fixture(scope="session")
+def baseline(pair_dirs):
+    llm = make_llm(pair_dirs)
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def conditional(pair_dirs):
+    llm = make_llm(pair_dirs, dominotree(pair_dirs))
+    yield llm
+    shutdown(llm)
+
+
+def greedy(llm, prompts=PROMPTS, max_tokens=48):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def spec_metrics(llm) -> dict[str, float | list[float]]:
+    """vLLM's own speculative-decoding counters."""
+    out = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode"):
+            out[metric.name] = getattr(metric, "value", None) or getattr(metric, "values", None)
+    return out
+
+
+def tree_stats(llm) -> dict:
+    return llm.collective_rpc("dominotree_stats")[0]

@@ -1,0 +1,372 @@
+"""The real OpenAI-compatible HTTP server with DominoTree, on CPU.
+
+One `vllm.entrypoints.openai.api_server` subprocess serves the toy target with the
+Domino drafter (`"method": "dominotree"`); plain HTTP requests against it must give
+the offline no-speculation engine's (`baseline`) greedy tokens, stream the same text,
+refuse unsupported options with a 400 that names them, and survive a client that
+hangs up mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from .conftest import MAX_MODEL_LEN, greedy
+
+pytestmark = pytest.mark.slow
+
+SERVED_NAME = "toy"
+STARTUP_TIMEOUT_S = 240
+REQUEST_TIMEOUT_S = 120
+MAX_TOKENS = 40
+# Text prompts of different lengths from the toy alphabet (one token per character).
+TEXT_PROMPTS = [
+    "a",
+    "abc",
+    "Hello",
+    "the quick brown fox",
+    "jumps over the lazy dog",
+    "0123456789",
+    "ZZZZZZZZZZZZ",
+    "Speculative decoding with trees on CPU",
+    "x y z",
+]
+# The toy tokenizer has no chat template; the server and the client use this one. It
+# renders to characters of the toy alphabet only, so every character is one token.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }} {{ message['content'] }} "
+    "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}"
+)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as err:
+        return f"<no log: {err}>"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+class Server:
+    def __init__(self, url: str, log: Path):
+        self.url = url
+        self.log = log
+
+    def post(self, path: str, body: dict, **kwargs) -> requests.Response:
+        return requests.post(
+            f"{self.url}{path}",
+            json={"model": SERVED_NAME, **body},
+            timeout=REQUEST_TIMEOUT_S,
+            **kwargs,
+        )
+
+    def complete(self, prompt, max_tokens: int = MAX_TOKENS, **body) -> dict:
+        response = self.post(
+            "/v1/completions",
+            {
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "return_token_ids": True,
+                **body,
+            },
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+@pytest.fixture(scope="module")
+def server(pair_dirs, tmp_path_factory, request):
+    root = tmp_path_factory.mktemp("server")
+    log = root / "server.log"
+    template = root / "chat_template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    port = _free_port()
+    spec = {"method": "dominotree", "model": pair_dirs["drafter"]}
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        pair_dirs["target"],
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--chat-template",
+        str(template),
+        "--enable-log-requests",
+        "--speculative-config",
+        json.dumps(spec),
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        # Build the offline baseline engine while the server starts (both take ~30-60 s).
+        request.getfixturevalue("baseline")
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(
+                    f"API server exited with {proc.returncode} during startup:\n{_log_tail(log)}"
+                )
+            try:
+                if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"API server not healthy after {STARTUP_TIMEOUT_S} s:\n{_log_tail(log)}"
+                )
+            time.sleep(1)
+        yield Server(url, log)
+        assert proc.poll() is None, f"API server died during the tests:\n{_log_tail(log)}"
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(pair_dirs):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(pair_dirs["target"])
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    assert len(ids) == len(text), (text, ids)  # one token per character
+    return ids
+
+
+def _sse_events(response: requests.Response):
+    """The JSON payloads of a server-sent-events stream, up to `data: [DONE]`."""
+    for line in response.iter_lines(decode_unicode=True):
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        data = line[len("data: ") :]
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def test_completions_batch_matches_baseline(server, baseline, tokenizer):
+    prompt_ids = [_ids(tokenizer, text) for text in TEXT_PROMPTS]
+    expected = greedy(baseline, prompt_ids, MAX_TOKENS)
+
+    body = server.complete(TEXT_PROMPTS)
+
+    choices = sorted(body["choices"], key=lambda choice: choice["index"])
+    assert len(choices) == len(TEXT_PROMPTS)
+    for text, ids, want, choice in zip(TEXT_PROMPTS, prompt_ids, expected, choices, strict=True):
+        assert choice["prompt_token_ids"] == ids, text
+        assert choice["token_ids"] == want, text
+        assert choice["text"] == tokenizer.decode(want), text
+        assert choice["finish_reason"] == "length", text
+        assert len(choice["token_ids"]) == MAX_TOKENS
+    usage = body["usage"]
+    assert usage["completion_tokens"] == MAX_TOKENS * len(TEXT_PROMPTS)
+    assert usage["prompt_tokens"] == sum(len(ids) for ids in prompt_ids)
+
+
+def test_completions_token_id_prompt_matches_baseline(server, baseline, tokenizer):
+    prompt = [5, 9, 12, 3, 40, 41, 7]
+    want = greedy(baseline, [prompt], MAX_TOKENS)[0]
+
+    choice = server.complete(prompt)["choices"][0]
+
+    assert choice["prompt_token_ids"] == prompt
+    assert choice["token_ids"] == want
+    assert choice["text"] == tokenizer.decode(want)
+
+
+def test_chat_completions_matches_baseline(server, baseline, tokenizer):
+    messages = [
+        {"role": "system", "content": "You are a toy"},
+        {"role": "user", "content": "say something about trees"},
+    ]
+    prompt_ids = tokenizer.apply_chat_template(
+        messages, chat_template=CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
+        prompt_ids = prompt_ids["input_ids"]
+    prompt_ids = list(prompt_ids)
+    assert tokenizer.unk_token_id not in prompt_ids  # the template stays in the alphabet
+    want = greedy(baseline, [prompt_ids], MAX_TOKENS)[0]
+
+    response = server.post(
+        "/v1/chat/completions",
+        {
+            "messages": messages,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["prompt_token_ids"] == prompt_ids
+    (choice,) = body["choices"]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["token_ids"] == want
+    assert choice["message"]["content"] == tokenizer.decode(want)
+    assert choice["finish_reason"] == "length"
+
+
+def test_streaming_completion_matches_non_streamed(server, baseline, tokenizer):
+    text = "the quick brown fox"
+    want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
+    full = server.complete(text)["choices"][0]
+    assert full["token_ids"] == want
+
+    response = server.post(
+        "/v1/completions",
+        {
+            "prompt": text,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "stream": True,
+            "return_token_ids": True,
+        },
+        stream=True,
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    pieces, token_ids, finish = [], [], []
+    with response:
+        for event in _sse_events(response):
+            for choice in event["choices"]:
+                assert choice["index"] == 0
+                pieces.append(choice["text"])
+                token_ids += choice.get("token_ids") or []
+                if choice.get("finish_reason"):
+                    finish.append(choice["finish_reason"])
+
+    assert len(pieces) > 1  # really streamed, not one final chunk
+    assert "".join(pieces) == full["text"]
+    assert token_ids == want
+    assert finish == ["length"]
+
+
+def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
+    response = server.post(
+        "/v1/completions",
+        {"prompt": "abc", "max_tokens": 8, "temperature": 0, "logprobs": 2},
+    )
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "logprobs" in error["message"]
+    assert "dominotree" in error["message"]
+    assert error["code"] == 400
+
+    # The server is still up and serves the next request correctly.
+    text = "abc"
+    want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
+    choice = server.complete(text)["choices"][0]
+    assert choice["token_ids"] == want
+    assert choice["text"] == tokenizer.decode(want)
+
+
+def test_client_disconnect_mid_stream(server, baseline, tokenizer):
+    text = "a"
+    max_tokens = MAX_MODEL_LEN - len(text) - 1
+    response = server.post(
+        "/v1/completions",
+        {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True},
+        stream=True,
+    )
+    assert response.status_code == 200, response.text
+    events = _sse_events(response)
+    first = [next(events) for _ in range(3)]
+    request_id = first[0]["id"]
+    assert all(not event["choices"][0].get("finish_reason") for event in first)
+    response.close()  # hang up mid-stream
+
+    # The server notices and aborts the request (logged with --enable-log-requests).
+    deadline = time.monotonic() + 30
+    while f"Aborted request(s) {request_id}" not in server.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, _log_tail(server.log)
+        time.sleep(0.2)
+
+    # ... and still answers a normal request with the right greedy output.
+    text = "Hello"
+    want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
+    choice = server.complete(text)["choices"][0]
+    assert choice["token_ids"] == want
+    assert choice["text"] == tokenizer.decode(want)
+
+
+def _metrics(server) -> dict[str, float]:
+    """Unlabelled-or-summed Prometheus samples of /metrics, by metric name."""
+    response = requests.get(f"{server.url}/metrics", timeout=REQUEST_TIMEOUT_S)
+    assert response.status_code == 200, response.text
+    values: dict[str, float] = {}
+    for line in response.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name = name_labels.split("{", 1)[0]
+        values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
+def test_server_speculates(server, baseline, tokenizer):
+    """The served engine really drafts and accepts tokens (vLLM's own counters), and
+    the outputs are still the baseline's."""
+    before = _metrics(server)
+    text = "jumps over the lazy dog"
+    want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
+    assert server.complete(text)["choices"][0]["token_ids"] == want
+    after = _metrics(server)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    drafts = delta("vllm:spec_decode_num_drafts_total")
+    accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0, sorted(k for k in after if "spec" in k)
+    assert accepted > 0
+    # With the toy drafter right most of the time, speculation saves target steps: the
+    # MAX_TOKENS tokens (the first from prefill) come from fewer verification steps.
+    assert drafts < MAX_TOKENS - 1
+    assert accepted + drafts >= MAX_TOKENS - 1
