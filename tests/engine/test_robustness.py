@@ -61,7 +61,6 @@ def test_preemption_recompute_matches_baseline(small_cache, baseline):
     outputs = greedy(small_cache, PREEMPT_PROMPTS, PREEMPT_MAX_TOKENS)
 
     preempted = _metric(small_cache, "vllm:num_preemptions") - preemptions
-    print("PREEMPTED", preempted, tree_stats(small_cache))
     assert preempted > 0, "the KV cache was not small enough to force a preemption"
     assert tree_stats(small_cache)["trees"] > trees
     assert [len(o) for o in outputs] == [PREEMPT_MAX_TOKENS] * len(PREEMPT_PROMPTS)
@@ -88,7 +87,6 @@ def test_prompts_near_max_model_len(conditional, baseline):
         [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
     )
 
-    print("NEAR", tree_stats(conditional)["trees"] - trees)
     assert tree_stats(conditional)["trees"] > trees
     for prompt, out, want in zip(prompts, outputs, expected, strict=True):
         got = list(out.outputs[0].token_ids)
@@ -127,10 +125,11 @@ def test_abort_mid_generation(conditional, baseline):
     seen: dict = {}
     try:
         # Mid-generation: every request to abort has tokens but is far from done.
-        _step_until(engine, finished, seen, lambda: all(len(seen.get(r, ())) >= 8 for r in to_abort))
+        _step_until(
+            engine, finished, seen, lambda: all(len(seen.get(r, ())) >= 8 for r in to_abort)
+        )
         assert not set(to_abort) & set(finished)
         assert all(len(seen[r]) < max_tokens for r in to_abort)
-        print("ABORT at", {r: len(v) for r, v in seen.items()})
         engine.abort_request(to_abort)
         # A new request takes the freed batch rows while the others are mid-tree.
         engine.add_request("late", {"prompt_token_ids": late_prompt}, params)
@@ -184,7 +183,6 @@ def test_mixed_greedy_and_seeded_batch(conditional, baseline):
     sampled_idx = [i for i, p in enumerate(params) if p.temperature > 0]
     for i in greedy_idx:
         assert got[i] == greedy(baseline, [prompts[i]], params[i].max_tokens)[0], i
-    print("MIXED", got)
     for i in sampled_idx:
         alone = conditional.generate(inputs[i], params[i], use_tqdm=False)
         assert got[i] == list(alone[0].outputs[0].token_ids), f"seeded request {i}"

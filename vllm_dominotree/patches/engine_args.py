@@ -18,6 +18,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
 from ..config import DominoTreeConfigError
+from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..engine.speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
 
 CPU_WORKER = "vllm_dominotree.engine.worker.DominoTreeCPUWorker"
@@ -55,13 +56,23 @@ def prepare_engine_args(args: EngineArgs) -> None:
 
 
 def check_engine_config(config) -> None:
-    """Refuse targets the tree runner cannot verify, once vLLM knows the model."""
+    """Refuse targets the tree runner cannot verify and drafters that do not fit the
+    target, once vLLM knows the model (still in process 0, before any worker starts)."""
     model = config.model_config
     if model.is_hybrid or model.is_attention_free:
         raise DominoTreeConfigError(
             f"speculative method 'dominotree' needs an attention-only target; {model.model} "
             "has recurrent (Mamba/linear-attention) layers, whose state cannot follow a tree"
         )
+    try:
+        check_fits_target(
+            read_spec(config.speculative_config.model),
+            hidden_size=model.get_hidden_size(),
+            vocab_size=model.get_vocab_size(),
+            num_layers=model.get_total_num_hidden_layers(),
+        )
+    except DrafterFormatError as err:
+        raise DominoTreeConfigError(f"{err} (target: {model.model})") from err
 
 
 def patch_engine_args() -> None:

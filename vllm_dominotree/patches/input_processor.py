@@ -54,7 +54,6 @@ def patch_input_processor() -> None:
 
     @functools.wraps(original)
     def _validate_params(self, params, *args, **kwargs):
-        result = original(self, params, *args, **kwargs)
         extra = self.vllm_config.additional_config or {}
         if ADDITIONAL_CONFIG_KEY in extra and isinstance(params, SamplingParams):
             bad = unsupported_features(params)
@@ -67,7 +66,7 @@ def patch_input_processor() -> None:
                     parameter=name,
                     value=value,
                 )
-        return result
+        return original(self, params, *args, **kwargs)
 
     _validate_params._dominotree = True
     InputProcessor._validate_params = _validate_params

@@ -1,0 +1,129 @@
+"""Bad configurations fail at startup, in process 0, with a message naming the problem;
+unsupported per-request options fail that request only."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_dominotree.config import DominoTreeConfigError
+from vllm_dominotree.patches.engine_args import check_engine_config
+from vllm_dominotree.toy_pair import PairSpec, write_drafter
+
+from .conftest import PROMPTS, dominotree, greedy, make_llm
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"scorer": "beam"}, "scorer 'beam' is unknown"),
+        ({"budgett": 16}, "unknown DominoTree option(s) ['budgett']"),
+        ({"budget": 0}, "budget must be a positive integer"),
+        ({"budget": 100}, "budget 100 is over 64"),
+        ({"budget": 5}, "budget >= 7"),
+        ({"candidates": "many"}, "candidates must be a positive integer"),
+        ({"num_speculative_tokens": 9}, "contradicts the tree's node budget 16"),
+        ({"spine": "yes"}, "spine must be true or false"),
+    ],
+)
+def test_bad_options(pair_dirs, options, message):
+    with pytest.raises(DominoTreeConfigError) as err:
+        make_llm(pair_dirs, dominotree(pair_dirs, **options))
+    assert message in str(err.value)
+
+
+def test_conditional_needs_domino(pair_dirs):
+    config = {"method": "dominotree", "model": pair_dirs["dflash"], "scorer": "conditional"}
+    with pytest.raises(DominoTreeConfigError, match="needs a Domino checkpoint"):
+        make_llm(pair_dirs, config)
+
+
+def test_missing_or_broken_drafter(pair_dirs, tmp_path):
+    with pytest.raises(DominoTreeConfigError, match='needs "model"'):
+        make_llm(pair_dirs, {"method": "dominotree"})
+    with pytest.raises(DominoTreeConfigError, match=f"{tmp_path}/config.json: not found"):
+        make_llm(pair_dirs, {"method": "dominotree", "model": str(tmp_path)})
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(DominoTreeConfigError, match="'architectures'"):
+        make_llm(pair_dirs, {"method": "dominotree", "model": str(tmp_path)})
+
+
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        (PairSpec(noise=0.8, hidden=32), "'hidden_size' is 32"),
+        (PairSpec(noise=0.8, vocab=48), "'vocab_size' is 48"),
+    ],
+)
+def test_drafter_for_another_target(pair_dirs, tmp_path, spec, field):
+    drafter = write_drafter(tmp_path / "other", spec)
+    with pytest.raises(DominoTreeConfigError) as err:
+        make_llm(pair_dirs, {"method": "dominotree", "model": str(drafter)})
+    assert field in str(err.value) and "another target" in str(err.value)
+
+
+def test_drafter_reading_layers_the_target_lacks(pair_dirs, tmp_path):
+    drafter = write_drafter(
+        tmp_path / "deep", PairSpec(noise=0.8, target_layers=12, draft_layers=2)
+    )
+    with pytest.raises(DominoTreeConfigError, match="names layers .* but the target has 4"):
+        make_llm(pair_dirs, {"method": "dominotree", "model": str(drafter)})
+
+
+@pytest.mark.parametrize(
+    "engine_options, message",
+    [
+        ({"async_scheduling": True}, "drop async_scheduling"),
+        ({"tensor_parallel_size": 2}, "set tensor_parallel_size=1"),
+        ({"pipeline_parallel_size": 2}, "set pipeline_parallel_size=1"),
+    ],
+)
+def test_unsupported_engine_options(pair_dirs, engine_options, message):
+    with pytest.raises(DominoTreeConfigError, match=message):
+        make_llm(pair_dirs, dominotree(pair_dirs), **engine_options)
+
+
+def test_recurrent_targets_are_refused():
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(model="some/mamba", is_hybrid=True, is_attention_free=False)
+    )
+    with pytest.raises(DominoTreeConfigError, match="recurrent"):
+        check_engine_config(config)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"logprobs": 2},
+        {"presence_penalty": 0.5},
+        {"repetition_penalty": 1.2},
+        {"min_tokens": 3},
+        {"min_p": 0.1},
+        {"logit_bias": {3: 1.0}},
+        {"bad_words": ["ab"]},
+    ],
+)
+def test_unsupported_request_options_fail_that_request_only(conditional, baseline, option):
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    name = next(iter(option))
+    with pytest.raises(VLLMValidationError) as err:
+        conditional.generate(
+            [{"prompt_token_ids": PROMPTS[1]}], SamplingParams(max_tokens=8, **option)
+        )
+    assert name in str(err.value) and "dominotree" in str(err.value)
+    # The engine keeps serving.
+    assert greedy(conditional, PROMPTS[:1], 16) == greedy(baseline, PROMPTS[:1], 16)
+
+
+def test_structured_outputs_are_refused(conditional):
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import StructuredOutputsParams
+
+    params = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(regex="a+"))
+    with pytest.raises(VLLMValidationError, match="structured_outputs"):
+        conditional.generate([{"prompt_token_ids": PROMPTS[1]}], params)
