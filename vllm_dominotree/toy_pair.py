@@ -235,6 +235,12 @@ def write_tokenizer(path: Path, vocab: int) -> None:
                 "pad_token": "<eos>",
                 "model_max_length": 4096,
                 "clean_up_tokenization_spaces": False,
+                # Chat turns as "role content " (characters of the toy alphabet only, so
+                # every character stays one token); the chat endpoints need a template.
+                "chat_template": (
+                    "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                    "{% if add_generation_prompt %}assistant {% endif %}"
+                ),
             }
         )
     )

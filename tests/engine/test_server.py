@@ -41,12 +41,6 @@ TEXT_PROMPTS = [
     "Speculative decoding with trees on CPU",
     "x y z",
 ]
-# The toy tokenizer has no chat template; the server and the client use this one. It
-# renders to characters of the toy alphabet only, so every character is one token.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }} {{ message['content'] }} "
-    "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}"
-)
 
 
 def _free_port() -> int:
@@ -105,8 +99,6 @@ class Server:
 def server(pair_dirs, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("server")
     log = root / "server.log"
-    template = root / "chat_template.jinja"
-    template.write_text(CHAT_TEMPLATE)
     port = _free_port()
     spec = {"method": "dominotree", "model": pair_dirs["drafter"]}
     cmd = [
@@ -128,8 +120,6 @@ def server(pair_dirs, tmp_path_factory, request):
         "127.0.0.1",
         "--port",
         str(port),
-        "--chat-template",
-        str(template),
         "--enable-log-requests",
         "--speculative-config",
         json.dumps(spec),
@@ -223,9 +213,7 @@ def test_chat_completions_matches_baseline(server, baseline, tokenizer):
         {"role": "system", "content": "You are a toy"},
         {"role": "user", "content": "say something about trees"},
     ]
-    prompt_ids = tokenizer.apply_chat_template(
-        messages, chat_template=CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True
-    )
+    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
         prompt_ids = prompt_ids["input_ids"]
     prompt_ids = list(prompt_ids)
