@@ -11,7 +11,11 @@ Greedy outputs must equal the no-speculation engine's: DominoTree is lossless.
 from __future__ import annotations
 
 import pytest
+import torch
 from vllm import SamplingParams
+
+from vllm_dominotree.drafter.checkpoint import write_checkpoint
+from vllm_dominotree.toy_pair import PairSpec, target_config, target_tensors, write_pair
 
 from .conftest import MAX_MODEL_LEN, dominotree, greedy, make_llm, shutdown, tree_stats
 
@@ -70,6 +74,70 @@ def test_preemption_recompute_matches_baseline(small_cache, baseline):
 
 def _first_diff(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+# The toy target is a bigram (its attention writes nothing to the residual stream), so
+# wrong K/V cannot change its tokens. The same pair with attention that does matter
+# (random o_proj: about a fifth of the greedy tokens then depend on the context) checks
+# that the tree rows' K/V, compacted after acceptance and re-read after a preemption's
+# recompute or a prefix-cache hit, are the target's own.
+ATTENTION_SCALE = 2.5
+
+
+@pytest.fixture(scope="module")
+def attentive_pair(tmp_path_factory):
+    spec = PairSpec(noise=0.8)
+    target, drafter = write_pair(tmp_path_factory.mktemp("attentive-pair"), spec)
+    tensors = target_tensors(spec)
+    gen = torch.Generator().manual_seed(123)
+    for i in range(spec.target_layers):
+        name = f"model.layers.{i}.self_attn.o_proj.weight"
+        shape = tensors[name].shape
+        tensors[name] = ATTENTION_SCALE * torch.randn(shape, generator=gen) / shape[1] ** 0.5
+    write_checkpoint(target, target_config(spec), tensors)
+    emb, head = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]
+    bigram = (emb @ head.T).argmax(-1).tolist()  # the successor without attention
+    return {"target": str(target), "drafter": str(drafter), "bigram": bigram}
+
+
+def test_preemption_with_attentive_target(attentive_pair):
+    # ignore_eos: with attention the target can predict the EOS.
+    params = SamplingParams(temperature=0, max_tokens=PREEMPT_MAX_TOKENS, ignore_eos=True)
+    inputs = [{"prompt_token_ids": p} for p in PREEMPT_PROMPTS]
+
+    def run(llm) -> list[list[int]]:
+        outputs = llm.generate(inputs, params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    reference = make_llm(attentive_pair)
+    try:
+        expected = run(reference)
+    finally:
+        shutdown(reference)
+    llm = make_llm(
+        attentive_pair,
+        dominotree(attentive_pair),
+        num_gpu_blocks_override=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=16,
+    )
+    try:
+        outputs = run(llm)
+        preempted = _metric(llm, "vllm:num_preemptions")
+        stats = tree_stats(llm)
+    finally:
+        shutdown(llm)
+
+    # The reference really depends on the context: many tokens are not the bigram's.
+    bigram = attentive_pair["bigram"]
+    steps = [(s[i], s[i + 1]) for p, o in zip(PREEMPT_PROMPTS, expected) for s in [p + o]
+             for i in range(len(p) - 1, len(s) - 1)]  # fmt: skip
+    off_bigram = sum(bigram[a] != b for a, b in steps) / len(steps)
+    assert off_bigram > 0.1, off_bigram
+    assert preempted > 0
+    assert stats["trees"] > 0 and stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
+    for i, (got, want) in enumerate(zip(outputs, expected, strict=True)):
+        assert got == want, f"prompt {i} diverged at token {_first_diff(got, want)}"
 
 
 # 2. Prompts near max_model_len --------------------------------------------------------
