@@ -19,6 +19,16 @@ def load_target(path) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="session")
+def attentive_target(tmp_path_factory):
+    """The toy pair's target with attention that matters (PairSpec.context): about a
+    fifth of its greedy tokens depend on more than the last token, so a wrong mask,
+    position or KV move changes the output. The toy drafters fit it."""
+    root = tmp_path_factory.mktemp("attentive")
+    target_dir, _ = write_pair(root, PairSpec(noise=0.0, context=1.4))
+    return load_target(target_dir)
+
+
+@pytest.fixture(scope="session")
 def toy_pair(tmp_path_factory):
     """(target model, exact drafter, noisy drafter, PairSpec) on the same target."""
     root = tmp_path_factory.mktemp("pair")

@@ -22,10 +22,14 @@ MODES = [
 
 
 @pytest.mark.parametrize("options", MODES, ids=lambda o: "-".join(f"{v}" for v in o.values()))
-@pytest.mark.parametrize("which", ["exact", "noisy"])
-def test_greedy_output_equals_the_target_alone(toy_pair, options, which):
+@pytest.mark.parametrize("which", ["exact", "noisy", "attentive"])
+def test_greedy_output_equals_the_target_alone(toy_pair, attentive_target, options, which):
+    """ "attentive": a target whose tokens depend on the context, so that the tree's
+    mask, positions and KV compaction are checked too (the bigram target cannot tell)."""
     target, exact, noisy, _ = toy_pair
     drafter = exact if which == "exact" else noisy
+    if which == "attentive":
+        target = attentive_target
     ar = ReferenceDecoder(target)
     spec = ReferenceDecoder(target, drafter, DominoTreeConfig(**options))
     for prompt in PROMPTS:

@@ -3,8 +3,9 @@
 Random weights accept nothing, so acceptance paths (deep, sibling, partial, whole
 block) need a pair built to agree:
 
-- Target: a real Qwen3ForCausalLM whose attention and MLP write nothing to the residual
-  stream (o_proj = down_proj = 0). Its next-token logits are lm_head(norm(embed(t))):
+- Target: a real Qwen3ForCausalLM whose MLPs write nothing to the residual stream
+  (down_proj = 0) and whose attention writes `context` times a random projection
+  (0 by default). With context 0 its next-token logits are lm_head(norm(embed(t))):
   a bigram model. lm_head row t' is beta * embed[pi^-1(t')] for a permutation pi, so the
   greedy successor of t is pi(t) and temperature sampling spreads over the others.
 - Drafter: a Domino checkpoint in the released format. Its backbone rows are
@@ -45,6 +46,10 @@ class PairSpec:
     alpha: float = 0.25  # GRU input scale (tanh stays near its linear range)
     noise: float = 0.3  # relative noise on the correction's output rows
     sharpness: float = 2.0  # scales the correction: the drafter's confidence, not its errors
+    # Scale of the target's attention output. 0: a pure bigram (drafts are often right,
+    # but wrong K/V or attention masks cannot change a token). 1.4: about a fifth of the
+    # greedy tokens depend on the context, so tests see attention and KV-cache mistakes.
+    context: float = 0.0
     backbone_noise: float = 0.02  # small weights in the drafter layers' output projections
     seed: int = 0
 
@@ -143,6 +148,7 @@ def target_tensors(spec: PairSpec) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(spec.seed)
     emb = _embeddings(spec, gen)
     lm_head = _bigram_head(spec, emb, gen)
+    context_gen = torch.Generator().manual_seed(spec.seed + 2)
     h, hd, inter = spec.hidden, spec.hidden // 2, 2 * spec.hidden
     tensors = {
         "model.embed_tokens.weight": emb,
@@ -155,7 +161,9 @@ def target_tensors(spec: PairSpec) -> dict[str, torch.Tensor]:
             p + "self_attn.q_proj.weight": 0.1 * torch.randn(2 * hd, h, generator=gen),
             p + "self_attn.k_proj.weight": 0.1 * torch.randn(hd, h, generator=gen),
             p + "self_attn.v_proj.weight": 0.1 * torch.randn(hd, h, generator=gen),
-            p + "self_attn.o_proj.weight": torch.zeros(h, 2 * hd),
+            p + "self_attn.o_proj.weight": spec.context
+            * torch.randn(h, 2 * hd, generator=context_gen)
+            / (2 * hd) ** 0.5,
             p + "self_attn.q_norm.weight": torch.ones(hd),
             p + "self_attn.k_norm.weight": torch.ones(hd),
             p + "mlp.gate_proj.weight": 0.1 * torch.randn(inter, h, generator=gen),

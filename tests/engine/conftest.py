@@ -32,9 +32,11 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def pair_dirs(tmp_path_factory):
-    """target/, drafter/ (Domino, often right) and dflash/ (plain DFlash) folders."""
+    """target/, drafter/ (Domino, often right) and dflash/ (plain DFlash) folders. The
+    target's attention matters (PairSpec.context), so wrong tree masks, positions or KV
+    moves change its tokens and fail the equality tests."""
     root = tmp_path_factory.mktemp("engine-pair")
-    spec = PairSpec(noise=0.8)
+    spec = PairSpec(noise=0.8, context=1.4)
     target, drafter = write_pair(root, spec)
     dflash = write_drafter(root / "dflash", spec, domino=False, shift_label=False)
     return {"target": str(target), "drafter": str(drafter), "dflash": str(dflash)}
@@ -82,7 +84,9 @@ def conditional(pair_dirs):
 def greedy(llm, prompts=PROMPTS, max_tokens=48):
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    # ignore_eos: the context-dependent target may predict its EOS; comparisons want
+    # full-length outputs.
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 

@@ -74,37 +74,47 @@ def test_vllm_metrics_agree_with_the_runner(pair_dirs):
     assert all(a >= b for a, b in itertools.pairwise(per_position))
 
 
-def bigram_table(target_dir: str, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def target_law(target_dir: str, prefixes: list[tuple[int, ...]], params) -> dict:
+    """The target's own next-token law (after temperature / top-k / top-p) after each
+    prefix, from transformers."""
     from transformers import AutoModelForCausalLM
 
-    from vllm_dominotree.tree import SamplingParams, target_probs
+    from vllm_dominotree.tree import target_probs
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    law = {}
     with torch.no_grad():
-        logits = model(torch.arange(model.config.vocab_size)[:, None]).logits[:, -1]
-    return target_probs(logits, SamplingParams(temperature, top_k, top_p)).double()
+        for prefix in prefixes:
+            logits = model(torch.tensor([prefix])).logits[0, -1:]
+            law[prefix] = target_probs(logits, params)[0].double()
+    return law
 
 
 def test_sampled_tokens_follow_the_target_distribution(conditional, pair_dirs):
-    """The toy target is a bigram model, so each sampled token's law given the previous
-    token is known exactly; 600 seeded requests of 4 tokens each, through the trees."""
+    """600 seeded requests of 3 tokens through the trees: for each position, the counts
+    of the sampled tokens must match the sum over requests of the target's exact law
+    given that request's own prefix."""
     from vllm import SamplingParams
 
-    law = bigram_table(pair_dirs["target"], 0.9, 12, 0.95)
+    from vllm_dominotree.tree import SamplingParams as TreeParams
+
+    prompt = [5, 9, 12]
     params = [
-        SamplingParams(temperature=0.9, top_k=12, top_p=0.95, max_tokens=4, seed=s)
+        SamplingParams(temperature=0.9, top_k=12, top_p=0.95, max_tokens=3, seed=s, ignore_eos=True)
         for s in range(600)
     ]
     before = tree_stats(conditional)["trees"]
-    outputs = conditional.generate([{"prompt_token_ids": [5, 9]}] * 600, params, use_tqdm=False)
+    outputs = conditional.generate([{"prompt_token_ids": prompt}] * 600, params, use_tqdm=False)
     assert tree_stats(conditional)["trees"] > before, "the sampled run did not use trees"
-    runs = [[9, *o.outputs[0].token_ids] for o in outputs]
-    for i in range(2, 5):
-        observed = torch.bincount(torch.tensor([r[i] for r in runs]), minlength=law.shape[1])
-        expected = law[torch.tensor([r[i - 1] for r in runs])].sum(0)
+    runs = [tuple(prompt) + tuple(o.outputs[0].token_ids) for o in outputs]
+    prefixes = {r[: len(prompt) + i] for r in runs for i in range(3)}
+    law = target_law(pair_dirs["target"], sorted(prefixes), TreeParams(0.9, 12, 0.95))
+    for i in range(len(prompt), len(prompt) + 3):
+        observed = torch.bincount(torch.tensor([r[i] for r in runs]), minlength=64).double()
+        expected = sum(law[r[:i]] for r in runs)
         assert (observed[expected == 0] == 0).all(), "a token the target never samples"
         keep = expected >= 5
-        obs = torch.cat([observed[keep].double(), observed[~keep].sum()[None].double()])
+        obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
         exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
         assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
 
@@ -113,7 +123,7 @@ def test_seeds_reproduce(conditional):
     from vllm import SamplingParams
 
     def run(seed):
-        params = SamplingParams(temperature=1.0, max_tokens=30, seed=seed)
+        params = SamplingParams(temperature=1.0, max_tokens=30, seed=seed, ignore_eos=True)
         return list(conditional.generate([{"prompt_token_ids": PROMPTS[2]}], params,
                                          use_tqdm=False)[0].outputs[0].token_ids)  # fmt: skip
 

@@ -86,6 +86,7 @@ class Server:
             {
                 "prompt": prompt,
                 "max_tokens": max_tokens,
+                "ignore_eos": True,
                 "temperature": 0,
                 "return_token_ids": True,
                 **body,
@@ -95,12 +96,13 @@ class Server:
         return response.json()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["conditional", "marginal", "chain"])
 def server(pair_dirs, tmp_path_factory, request):
+    """One server per scorer; every test below runs against each."""
     root = tmp_path_factory.mktemp("server")
     log = root / "server.log"
     port = _free_port()
-    spec = {"method": "dominotree", "model": pair_dirs["drafter"]}
+    spec = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": request.param}
     cmd = [
         sys.executable,
         "-m",
@@ -225,6 +227,7 @@ def test_chat_completions_matches_baseline(server, baseline, tokenizer):
         {
             "messages": messages,
             "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
             "temperature": 0,
             "return_token_ids": True,
         },
@@ -251,6 +254,7 @@ def test_streaming_completion_matches_non_streamed(server, baseline, tokenizer):
         {
             "prompt": text,
             "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
             "temperature": 0,
             "stream": True,
             "return_token_ids": True,
@@ -300,7 +304,13 @@ def test_client_disconnect_mid_stream(server, baseline, tokenizer):
     max_tokens = MAX_MODEL_LEN - len(text) - 1
     response = server.post(
         "/v1/completions",
-        {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True},
+        {
+            "prompt": text,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        },
         stream=True,
     )
     assert response.status_code == 200, response.text
