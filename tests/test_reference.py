@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from stats_helpers import pooled_chi2_pvalue
 
 from vllm_dominotree.config import DominoTreeConfig
 from vllm_dominotree.reference import ReferenceDecoder
@@ -86,14 +86,6 @@ def bigram_table(target, params: SamplingParams) -> torch.Tensor:
     return target_probs(logits, params).double()
 
 
-def chi2_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
-    """Pearson's test, pooling the cells expected to hold fewer than 5 counts."""
-    keep = expected >= 5
-    obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
-    exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
-    return chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue
-
-
 @pytest.mark.parametrize(
     "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=8, top_p=0.9)]
 )
@@ -111,7 +103,7 @@ def test_sampled_tokens_follow_the_target_distribution(toy_pair, params):
     for i in (1, 2):
         observed = torch.bincount(torch.tensor([r[i] for r in runs]), minlength=law.shape[1])
         expected = law[torch.tensor([r[i - 1] for r in runs])].sum(0)
-        assert chi2_pvalue(observed.double(), expected) > 1e-3
+        assert pooled_chi2_pvalue(observed, expected) > 1e-3
 
 
 def test_seeds_reproduce(toy_pair):

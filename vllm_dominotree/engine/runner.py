@@ -105,6 +105,9 @@ class DominoTreeRunnerMixin:
             num_rows = spec_decode_metadata.num_draft_tokens[i] + 1
             rows_logits = logits[first_row : first_row + num_rows]
             first_row += num_rows
+            if self.discard_request_mask.np[i]:  # a prefill chunk: vLLM drops the token
+                sampled[i, 0] = 0
+                continue
             params = self._sampling_params(i)
             generator = batch.sampling_metadata.generators.get(i)
             tree = trees.get(i)
@@ -123,6 +126,18 @@ class DominoTreeRunnerMixin:
             self.dominotree_stats.steps += 1
             self.dominotree_stats.kv_moves += len(moves)
         return SamplerOutput(sampled_token_ids=sampled.to(logits.device), logprobs_tensors=None)
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        # vLLM rewinds the generator of every request whose sampled token it discards
+        # (a prefill chunk), assuming its sampler drew for it; ours did not draw, and a
+        # CPU generator cannot be rewound at all (get_offset raises). Hide them.
+        generators = self.input_batch.generators
+        discarded = np.nonzero(self.discard_request_mask.np[: self.input_batch.num_reqs])[0]
+        hidden = {int(i): generators.pop(int(i)) for i in discarded if int(i) in generators}
+        try:
+            return super()._bookkeeping_sync(*args, **kwargs)
+        finally:
+            generators.update(hidden)
 
     def _sampling_params(self, i: int) -> SamplingParams:
         batch = self.input_batch
