@@ -1,0 +1,86 @@
+"""Tree-attention kernel time per layer call on Qwen3-4B attention shapes (CUDA).
+
+    python benchmarks/tree_attention_bench.py --out benchmarks/results
+
+32 query heads, 8 KV heads, head dim 128, bf16, pages of 16; per request a tree of
+`rows` rows (budget + root) after a committed context; CUDA-event timing of the kernel
+that recomputes every tree row. Writes tree_attention_bench.json / .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from vllm_dominotree.kernels.tree_attention import TreeRowsMeta, tree_rows_attention
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+
+
+def case(batch: int, context: int, rows: int):
+    pages = (context + rows + PAGE - 1) // PAGE
+    block_table = torch.arange(batch * pages, dtype=torch.int32, device="cuda").view(batch, pages)
+    cache = torch.randn(
+        batch * pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+    )
+    query = torch.randn(batch * rows, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    # A chain-shaped mask is the worst case for the kernel's work (every row reads all).
+    mask = torch.tril(torch.ones(rows, rows, dtype=torch.int8, device="cuda"))
+    meta = TreeRowsMeta(
+        rows=torch.arange(batch * rows, dtype=torch.int32, device="cuda"),
+        requests=torch.arange(batch, dtype=torch.int32, device="cuda").repeat_interleave(rows),
+        starts=torch.full((batch * rows,), context, dtype=torch.int32, device="cuda"),
+        sizes=torch.full((batch * rows,), rows, dtype=torch.int32, device="cuda"),
+        masks=mask.repeat(batch, 1),
+    )
+    return query, cache, cache, block_table, meta
+
+
+def time_us(fn, repeats: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+    results = []
+    for batch in (1, 4, 16, 64):
+        for context in (512, 2048, 8192):
+            for rows in (17, 33):
+                inputs = case(batch, context, rows)
+                out = torch.empty_like(inputs[0])
+                us = time_us(lambda i=inputs, o=out: tree_rows_attention(*i[:5], 0.088, o))
+                results.append({"batch": batch, "context": context, "rows": rows, "us": us})
+                print(json.dumps(results[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "command": "python benchmarks/tree_attention_bench.py"}  # fmt: skip
+    (args.out / "tree_attention_bench.json").write_text(
+        json.dumps({"meta": meta, "rows": results}, indent=1)
+    )
+    lines = [
+        f"# Tree-attention kernel per layer call ({meta['device']}, bf16)",
+        "",
+        "Qwen3-4B attention shapes (32 heads, 8 KV heads, head dim 128), pages of 16;",
+        f"`{meta['command']}`; mean of 50 calls (CUDA events).",
+        "",
+        "| batch | context | tree rows | us per layer call |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {r['batch']} | {r['context']} | {r['rows']} | {r['us']:.1f} |" for r in results]
+    (args.out / "tree_attention_bench.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Triton kernels of vllm-dominotree (installed as `vllm_dominotree.kernels`)."""
