@@ -2,16 +2,18 @@
 
 vLLM's kernels run every verification row causally over the request's linear order;
 a tree row must instead see the committed prefix, its ancestors and itself. This kernel
-recomputes exactly the tree rows: one program per (tree row, KV head), all query heads
-of the KV head's group at once (GQA), online softmax over the request's pages.
+recomputes exactly the tree rows.
+
+Work split (flash-decoding): a program takes one block of up to ROW_BLOCK rows of one
+tree, one KV head (all the query heads of its GQA group at once, so the query tile is
+ROW_BLOCK x GROUP rows for tl.dot) and one slice of the request's keys; slices are
+merged by log-sum-exp afterwards. Keys before the tree's root position are visible to
+every row; a key inside the tree is visible to row i iff the tree's mask says so.
 
 Layout: key_cache / value_cache index as [block, slot in block, kv head, head dim]
-(vLLM's FlashAttention / Triton backends' NHD layout; any strides). The tree's own rows
-sit at positions start .. start + n - 1 of the request, in its pages, like any token.
-
-Per tree row (TreeRowsMeta): the query/output row, the request's block-table row, the
-root position `start`, the tree's row count `n`, and a mask row of `n` flags: which
-tree rows (0 = root) this row may attend.
+(vLLM's FlashAttention / Triton backends' NHD layout; any strides). A request's tree
+rows are consecutive query rows and sit at positions start .. start + size - 1 of the
+request's pages, like any token.
 """
 
 from __future__ import annotations
@@ -22,112 +24,152 @@ import torch
 import triton
 import triton.language as tl
 
+ROW_BLOCK = 16  # tree rows per program
+KEY_TILE = 64  # keys per inner step
+SLICE = 512  # keys per program (a multiple of KEY_TILE)
+
 
 @dataclass
-class TreeRowsMeta:
-    rows: torch.Tensor  # [M] int32: query / output row of each tree row
-    requests: torch.Tensor  # [M] int32: block-table row
-    starts: torch.Tensor  # [M] int32: position of the tree's root
-    sizes: torch.Tensor  # [M] int32: rows in the tree (root included)
-    masks: torch.Tensor  # [M, max_size] int8: masks[m, i] = 1 iff tree row i is visible
+class TreeBatchMeta:
+    """The trees of one forward (device tensors)."""
+
+    first_rows: torch.Tensor  # [B] int32: query row of each tree's root
+    requests: torch.Tensor  # [B] int32: block-table row
+    starts: torch.Tensor  # [B] int32: position of the root
+    sizes: torch.Tensor  # [B] int32: rows in the tree (root included)
+    masks: torch.Tensor  # [B, S, S] int8: masks[b, i, j] = 1 iff row j is visible to row i
+    rows: torch.Tensor  # [sum of sizes] long: every tree row (the rows the kernel writes)
+    max_size: int  # max of sizes (host int: it sizes the launch grid)
+    max_seq_len: int  # max of starts + sizes (host int)
 
 
 @triton.jit
-def _tree_rows_attention_kernel(
-    Q, K, V, Out, BlockTable, Rows, Requests, Starts, Sizes, Masks,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_bt, stride_mask, scale,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,
+def _tree_attention_slices(
+    Q, K, V, BlockTable, FirstRows, Requests, Starts, Sizes, Masks,
+    PartAcc, PartMax, PartSum,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt, stride_mb, stride_mi, stride_pa_s, stride_pa_t, stride_pa_h,
+    stride_pm_s, stride_pm_t, scale, row_blocks,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    ROW_BLOCK: tl.constexpr, KEY_TILE: tl.constexpr, SLICE: tl.constexpr,
 ):  # fmt: skip
-    m = tl.program_id(0)
+    tree = tl.program_id(0) // row_blocks
+    row_block = tl.program_id(0) % row_blocks
     kv_head = tl.program_id(1)
-    row = tl.load(Rows + m)
-    request = tl.load(Requests + m)
-    start = tl.load(Starts + m)
-    size = tl.load(Sizes + m)
+    key_slice = tl.program_id(2)
+    size = tl.load(Sizes + tree)
+    start = tl.load(Starts + tree)
     seq_len = start + size
+    first_key = key_slice * SLICE
+    if row_block * ROW_BLOCK >= size or first_key >= seq_len:
+        return
+    request = tl.load(Requests + tree)
+    first_row = tl.load(FirstRows + tree)
 
-    heads = kv_head * GROUP + tl.arange(0, GROUP_PAD)
-    head_ok = tl.arange(0, GROUP_PAD) < GROUP
+    # Query tile: (tree row, head in group) pairs, M = ROW_BLOCK * GROUP_PAD.
+    m_idx = tl.arange(0, ROW_BLOCK * GROUP_PAD)
+    tree_row = row_block * ROW_BLOCK + m_idx // GROUP_PAD
+    group_head = m_idx % GROUP_PAD
+    m_ok = (tree_row < size) & (group_head < GROUP)
+    head = kv_head * GROUP + group_head
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=head_ok[:, None], other=0.0)  # fmt: skip
+    q = tl.load(Q + (first_row + tree_row)[:, None] * stride_qt + head[:, None] * stride_qh
+                + dims[None, :], mask=m_ok[:, None], other=0.0)  # fmt: skip
 
-    best = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    total = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    slots = tl.arange(0, PAGE)
-    for page_start in range(0, seq_len, PAGE):
-        block = tl.load(BlockTable + request * stride_bt + page_start // PAGE)
-        pos = page_start + slots
-        tree_index = pos - start
-        in_tree = (tree_index >= 0) & (pos < seq_len)
-        flags = tl.load(Masks + m * stride_mask + tree_index, mask=in_tree, other=0)
-        visible = (pos < start) | (in_tree & (flags != 0))
-        k = tl.load(K + block * stride_kb + slots[:, None] * stride_ks
-                    + kv_head * stride_kh + dims[None, :])  # fmt: skip
-        v = tl.load(V + block * stride_vb + slots[:, None] * stride_vs
-                    + kv_head * stride_vh + dims[None, :])  # fmt: skip
-        scores = tl.sum(q[:, None, :].to(tl.float32) * k[None, :, :].to(tl.float32), axis=2)
-        scores = tl.where(visible[None, :], scores * scale, float("-inf"))
+    best = tl.full([ROW_BLOCK * GROUP_PAD], float("-inf"), tl.float32)
+    total = tl.zeros([ROW_BLOCK * GROUP_PAD], tl.float32)
+    acc = tl.zeros([ROW_BLOCK * GROUP_PAD, HEAD_DIM], tl.float32)
+    offsets = tl.arange(0, KEY_TILE)
+    last_key = tl.minimum(first_key + SLICE, seq_len)
+    for tile in range(first_key, last_key, KEY_TILE):
+        pos = tile + offsets
+        key_ok = pos < last_key
+        block = tl.load(BlockTable + request * stride_bt + pos // PAGE, mask=key_ok, other=0)
+        slot = pos % PAGE
+        k_ptr = K + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
+        v_ptr = V + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
+        k = tl.load(k_ptr + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + dims[None, :], mask=key_ok[:, None], other=0.0)
+        in_tree = (pos >= start) & key_ok
+        flags = tl.load(Masks + tree * stride_mb + tree_row[:, None] * stride_mi
+                        + (pos - start)[None, :],
+                        mask=m_ok[:, None] & in_tree[None, :], other=0)  # fmt: skip
+        visible = ((pos < start) & key_ok)[None, :] | (flags != 0)
+        scores = tl.dot(q, tl.trans(k)) * scale
+        scores = tl.where(visible, scores, float("-inf"))
         new_best = tl.maximum(best, tl.max(scores, axis=1))
-        correction = tl.exp(best - new_best)
-        weights = tl.exp(scores - new_best[:, None])
+        # Rows that have seen no visible key yet keep -inf; avoid inf - inf.
+        shift = tl.where(new_best == float("-inf"), 0.0, new_best)
+        weights = tl.exp(scores - shift[:, None])
+        correction = tl.exp(best - shift)
         total = total * correction + tl.sum(weights, axis=1)
-        acc = acc * correction[:, None] + tl.sum(
-            weights[:, :, None] * v[None, :, :].to(tl.float32), axis=1
-        )
+        acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v)
         best = new_best
-    out = acc / total[:, None]
-    tl.store(Out + row * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-             out.to(Out.dtype.element_ty), mask=head_ok[:, None])  # fmt: skip
+    out_row = first_row + tree_row
+    tl.store(PartAcc + key_slice * stride_pa_s + out_row[:, None] * stride_pa_t
+             + head[:, None] * stride_pa_h + dims[None, :], acc, mask=m_ok[:, None])  # fmt: skip
+    tl.store(PartMax + key_slice * stride_pm_s + out_row * stride_pm_t + head, best, mask=m_ok)
+    tl.store(PartSum + key_slice * stride_pm_s + out_row * stride_pm_t + head, total, mask=m_ok)
 
 
-def tree_rows_attention(
+def tree_attention(
     query: torch.Tensor,  # [T, H, D]
     key_cache: torch.Tensor,  # [num_blocks, page, KVH, D]
     value_cache: torch.Tensor,  # [num_blocks, page, KVH, D]
     block_table: torch.Tensor,  # [R, max_blocks] int32
-    meta: TreeRowsMeta,
+    meta: TreeBatchMeta,
     scale: float,
-    out: torch.Tensor,  # [T, H, D]: tree rows are overwritten, others untouched
+    out: torch.Tensor,  # [T, H, D]: tree rows are overwritten, other rows untouched
 ) -> None:
-    num_rows = meta.rows.numel()
-    if num_rows == 0:
+    num_trees = meta.sizes.numel()
+    if num_trees == 0:
         return
-    heads, head_dim = query.shape[1], query.shape[2]
+    rows, heads, head_dim = query.shape
     kv_heads, page = key_cache.shape[2], key_cache.shape[1]
     group = heads // kv_heads
-    _tree_rows_attention_kernel[(num_rows, kv_heads)](
-        query, key_cache, value_cache, out, block_table,
-        meta.rows, meta.requests, meta.starts, meta.sizes, meta.masks,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+    group_pad = max(triton.next_power_of_2(group), 1)
+    row_blocks = triton.cdiv(meta.max_size, ROW_BLOCK)
+    slices = triton.cdiv(meta.max_seq_len, SLICE)
+    part_acc = torch.zeros(slices, rows, heads, head_dim, device=query.device, dtype=torch.float32)
+    part_max = torch.full((slices, rows, heads), float("-inf"), device=query.device)
+    part_sum = torch.zeros(slices, rows, heads, device=query.device)
+    _tree_attention_slices[(num_trees * row_blocks, kv_heads, slices)](
+        query, key_cache, value_cache, block_table,
+        meta.first_rows, meta.requests, meta.starts, meta.sizes, meta.masks,
+        part_acc, part_max, part_sum,
+        query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_table.stride(0), meta.masks.stride(0), scale,
-        GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), HEAD_DIM=head_dim,
-        PAGE=page,
+        block_table.stride(0), meta.masks.stride(0), meta.masks.stride(1),
+        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+        part_max.stride(0), part_max.stride(1), scale, row_blocks,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, PAGE=page,
+        ROW_BLOCK=ROW_BLOCK, KEY_TILE=KEY_TILE, SLICE=SLICE,
     )  # fmt: skip
+    # Merge the key slices (log-sum-exp) for the tree rows only.
+    tree_rows = meta.rows
+    best = part_max[:, tree_rows].amax(0)
+    weight = torch.exp(part_max[:, tree_rows] - best)
+    merged = (part_acc[:, tree_rows] * weight[..., None]).sum(0)
+    out[tree_rows] = (merged / (part_sum[:, tree_rows] * weight).sum(0)[..., None]).to(out.dtype)
 
 
-def tree_rows_attention_reference(query, key_cache, value_cache, block_table, meta, scale, out):
+def tree_attention_reference(query, key_cache, value_cache, block_table, meta, scale, out):
     """Dense torch version (gather the pages, masked softmax): the kernel's oracle."""
     group = query.shape[1] // key_cache.shape[2]
     page = key_cache.shape[1]
-    for m in range(meta.rows.numel()):
-        row, req = int(meta.rows[m]), int(meta.requests[m])
-        start, size = int(meta.starts[m]), int(meta.sizes[m])
+    for b in range(meta.sizes.numel()):
+        first, req = int(meta.first_rows[b]), int(meta.requests[b])
+        start, size = int(meta.starts[b]), int(meta.sizes[b])
         seq_len = start + size
         pages = block_table[req, : (seq_len + page - 1) // page].long()
-        k = key_cache[pages].flatten(0, 1)[:seq_len].float()  # [L, KVH, D]
-        v = value_cache[pages].flatten(0, 1)[:seq_len].float()
-        visible = torch.ones(seq_len, dtype=torch.bool, device=query.device)
-        visible[start:] = meta.masks[m, :size].bool()
-        q = query[row].float()  # [H, D]
-        k = k.repeat_interleave(group, dim=1)  # [L, H, D]
-        v = v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,lhd->hl", q, k) * scale
-        scores = scores.masked_fill(~visible[None], float("-inf"))
-        out[row] = torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), v).to(out.dtype)
+        k = key_cache[pages].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
+        v = value_cache[pages].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
+        visible = torch.ones(size, seq_len, dtype=torch.bool, device=query.device)
+        visible[:, start:] = meta.masks[b, :size, :size].bool()
+        q = query[first : first + size].float()  # [n, H, D]
+        scores = torch.einsum("nhd,lhd->nhl", q, k) * scale
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        out[first : first + size] = torch.einsum("nhl,lhd->nhd", torch.softmax(scores, -1), v).to(
+            out.dtype
+        )

@@ -191,7 +191,7 @@ def test_completions_batch_matches_baseline(server, baseline, tokenizer):
     for text, ids, want, choice in zip(TEXT_PROMPTS, prompt_ids, expected, choices, strict=True):
         assert choice["prompt_token_ids"] == ids, text
         assert choice["token_ids"] == want, text
-        assert choice["text"] == tokenizer.decode(want), text
+        assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True), text
         assert choice["finish_reason"] == "length", text
         assert len(choice["token_ids"]) == MAX_TOKENS
     usage = body["usage"]
@@ -207,7 +207,7 @@ def test_completions_token_id_prompt_matches_baseline(server, baseline, tokenize
 
     assert choice["prompt_token_ids"] == prompt
     assert choice["token_ids"] == want
-    assert choice["text"] == tokenizer.decode(want)
+    assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True)
 
 
 def test_chat_completions_matches_baseline(server, baseline, tokenizer):
@@ -239,7 +239,7 @@ def test_chat_completions_matches_baseline(server, baseline, tokenizer):
     (choice,) = body["choices"]
     assert choice["message"]["role"] == "assistant"
     assert choice["token_ids"] == want
-    assert choice["message"]["content"] == tokenizer.decode(want)
+    assert choice["message"]["content"] == tokenizer.decode(want, skip_special_tokens=True)
     assert choice["finish_reason"] == "length"
 
 
@@ -296,7 +296,7 @@ def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
     want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
     choice = server.complete(text)["choices"][0]
     assert choice["token_ids"] == want
-    assert choice["text"] == tokenizer.decode(want)
+    assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True)
 
 
 def test_client_disconnect_mid_stream(server, baseline, tokenizer):
@@ -331,7 +331,7 @@ def test_client_disconnect_mid_stream(server, baseline, tokenizer):
     want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
     choice = server.complete(text)["choices"][0]
     assert choice["token_ids"] == want
-    assert choice["text"] == tokenizer.decode(want)
+    assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True)
 
 
 def _metrics(server) -> dict[str, float]:
