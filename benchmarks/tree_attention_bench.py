@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import torch
-from vllm_dominotree.kernels.tree_attention import TreeRowsMeta, tree_rows_attention
+from vllm_dominotree.kernels.tree_attention import TreeBatchMeta, tree_attention
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 
@@ -26,14 +26,17 @@ def case(batch: int, context: int, rows: int):
         batch * pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16
     )
     query = torch.randn(batch * rows, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    # A chain-shaped mask is the worst case for the kernel's work (every row reads all).
+    # A chain-shaped mask: the kernel's work does not depend on the tree's shape.
     mask = torch.tril(torch.ones(rows, rows, dtype=torch.int8, device="cuda"))
-    meta = TreeRowsMeta(
-        rows=torch.arange(batch * rows, dtype=torch.int32, device="cuda"),
-        requests=torch.arange(batch, dtype=torch.int32, device="cuda").repeat_interleave(rows),
-        starts=torch.full((batch * rows,), context, dtype=torch.int32, device="cuda"),
-        sizes=torch.full((batch * rows,), rows, dtype=torch.int32, device="cuda"),
-        masks=mask.repeat(batch, 1),
+    meta = TreeBatchMeta(
+        first_rows=torch.arange(0, batch * rows, rows, dtype=torch.int32, device="cuda"),
+        requests=torch.arange(batch, dtype=torch.int32, device="cuda"),
+        starts=torch.full((batch,), context, dtype=torch.int32, device="cuda"),
+        sizes=torch.full((batch,), rows, dtype=torch.int32, device="cuda"),
+        masks=mask.expand(batch, rows, rows).contiguous(),
+        rows=torch.arange(batch * rows, device="cuda"),
+        max_size=rows,
+        max_seq_len=context + rows,
     )
     return query, cache, cache, block_table, meta
 
@@ -60,7 +63,7 @@ def main() -> None:
             for rows in (17, 33):
                 inputs = case(batch, context, rows)
                 out = torch.empty_like(inputs[0])
-                us = time_us(lambda i=inputs, o=out: tree_rows_attention(*i[:5], 0.088, o))
+                us = time_us(lambda i=inputs, o=out: tree_attention(*i[:5], 0.088, o))
                 results.append({"batch": batch, "context": context, "rows": rows, "us": us})
                 print(json.dumps(results[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
