@@ -11,6 +11,7 @@ key, not inside a worker.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -28,6 +29,8 @@ def translate(speculative_config: dict[str, Any]) -> tuple[dict[str, Any], dict[
     (vLLM speculative config, DominoTree options for additional_config)."""
     options = {k.replace("-", "_"): v for k, v in speculative_config.items()}
     drafter = options.get("model")
+    if isinstance(drafter, os.PathLike):
+        drafter = os.fspath(drafter)
     if not isinstance(drafter, str) or not drafter:
         raise DominoTreeConfigError(
             'speculative config: "method": "dominotree" needs "model": the path of a Domino '
