@@ -24,7 +24,7 @@ from vllm.v1.outputs import SamplerOutput
 
 from ..tree.acceptance import SamplingParams, draw_target_tokens
 from .proposer import DominoTreeProposer
-from .tree_attention import TreeAttentionContext, rewrite_accepted_kv, tree_attention
+from .tree_context import TreeAttentionContext, published, rewrite_accepted_kv
 from .verify import TreeRows, accept_rows, tree_rows
 
 
@@ -86,7 +86,7 @@ class DominoTreeRunnerMixin:
 
     # 2. the target forward with tree attention ----------------------------------------
     def _model_forward(self, *args, **kwargs):
-        with tree_attention(self._step_trees):
+        with published(self._step_trees):
             return super()._model_forward(*args, **kwargs)
 
     # 3. acceptance ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 
+from vllm.config.compilation import CUDAGraphMode
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
@@ -21,15 +22,16 @@ from ..config import DominoTreeConfigError
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..engine.speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
 
-CPU_WORKER = "vllm_dominotree.engine.worker.DominoTreeCPUWorker"
+CPU_WORKER = "vllm_dominotree.engine.cpu_worker.DominoTreeCPUWorker"
+GPU_WORKER = "vllm_dominotree.engine.gpu_worker.DominoTreeGPUWorker"
 
 
 def prepare_engine_args(args: EngineArgs) -> None:
     """Rewrite `args` in place for a DominoTree engine (raises on bad options)."""
-    if not current_platform.is_cpu():
+    if not (current_platform.is_cpu() or current_platform.is_cuda()):
         raise DominoTreeConfigError(
-            "speculative method 'dominotree' runs on CPU in this release; the CUDA tree "
-            "attention kernel is not in yet, so serve on CUDA without it for now"
+            f"speculative method 'dominotree' runs on CPU and CUDA, not on "
+            f"{current_platform.device_name}"
         )
     if args.pipeline_parallel_size != 1:
         raise DominoTreeConfigError(
@@ -50,7 +52,11 @@ def prepare_engine_args(args: EngineArgs) -> None:
     args.speculative_config = vllm_spec
     args.additional_config = {**(args.additional_config or {}), ADDITIONAL_CONFIG_KEY: options}
     args.async_scheduling = False
-    args.worker_cls = CPU_WORKER
+    args.worker_cls = CPU_WORKER if current_platform.is_cpu() else GPU_WORKER
+    if current_platform.is_cuda():
+        # The tree fix-up runs in Python between the stock kernel and the next layer,
+        # which piecewise CUDA graphs leave outside the graphs; full graphs would freeze it.
+        args.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
     # The tree runner extends vLLM's V1 model runner (V2's speculators are hard-coded).
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
 

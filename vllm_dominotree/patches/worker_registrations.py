@@ -6,11 +6,11 @@ does not load Domino's `prefix_gru.*` / `embed_proj.*`. How: the official
 a subclass that also keeps those tensors (plain DFlash checkpoints load as before).
 Removal: when vLLM loads Domino checkpoints itself.
 
-Attention backend. Why: CPU_ATTN has no per-request mask, and tree verification needs
-ancestor-only attention for tree rows. How: the official `register_backend` override
-points CPU_ATTN at `TreeCPUAttentionBackend`, a subclass that is inert unless the
-runner publishes a tree context for the target's forward. Removal: when vLLM has tree
-attention with per-request masks.
+Attention backends. Why: no vLLM backend takes a per-request mask, and tree
+verification needs ancestor-only attention for tree rows. How: the official
+`register_backend` override points CPU_ATTN (CPU) or FLASH_ATTN and TRITON_ATTN (CUDA)
+at subclasses that are inert unless the runner publishes a tree context for the
+target's forward. Removal: when vLLM has tree attention with per-request masks.
 """
 
 from __future__ import annotations
@@ -18,12 +18,21 @@ from __future__ import annotations
 
 def register_worker_overrides() -> None:
     from vllm import ModelRegistry
+    from vllm.platforms import current_platform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     ModelRegistry.register_model(
         "DFlashDraftModel", "vllm_dominotree.engine.drafter_model:DominoDraftForCausalLM"
     )
-    register_backend(
-        AttentionBackendEnum.CPU_ATTN,
-        "vllm_dominotree.engine.tree_attention.TreeCPUAttentionBackend",
-    )
+    engine = "vllm_dominotree.engine"
+    if current_platform.is_cpu():
+        register_backend(
+            AttentionBackendEnum.CPU_ATTN, f"{engine}.cpu_attention.TreeCPUAttentionBackend"
+        )
+    else:
+        register_backend(
+            AttentionBackendEnum.FLASH_ATTN, f"{engine}.cuda_attention.TreeFlashAttentionBackend"
+        )
+        register_backend(
+            AttentionBackendEnum.TRITON_ATTN, f"{engine}.cuda_attention.TreeTritonAttentionBackend"
+        )

@@ -1,0 +1,114 @@
+"""Tree verification inside vLLM's attention: the per-step context the backends read.
+
+vLLM's attention kernels know only causal (or fully non-causal) attention per request.
+During the target's verification forward the runner publishes a `TreeAttentionContext`:
+which rows belong to trees, their ancestor structure, and which layers are the target's
+(the DFlash drafter's layers run through the same backend and must be left alone).
+The backend then
+- fixes the outputs of tree rows so that each attends the committed prefix, its
+  ancestors and itself only (rows of chains are already right under causal attention):
+  cpu_attention.py on CPU, cuda_attention.py (a Triton kernel) on CUDA;
+- keeps a copy of the tree rows' K/V and slots, so that after acceptance the accepted
+  path's K/V can be rewritten into the first slots with the backend's own cache writer
+  (layout-agnostic KV compaction, `rewrite_accepted_kv`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from .verify import TreeRows
+
+
+@dataclass
+class TreeAttentionContext:
+    trees: list[TreeRows]
+    layer_names: frozenset[str]  # the target model's attention layers
+    # layer name -> (key rows, value rows, slot rows) of every tree row in this step
+    captured: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        self.rows = torch.tensor(
+            [t.row_start + i for t in self.trees for i in range(t.num_rows)], dtype=torch.long
+        )
+        self.branching = [t for t in self.trees if not t.is_chain]
+        self._kernel_meta = None
+
+    def capture(self, layer_name, key, value, slot_mapping) -> None:
+        rows = self.rows.to(key.device)
+        self.captured[layer_name] = (key[rows].clone(), value[rows].clone(), slot_mapping[rows])
+
+    def kernel_meta(self, device: torch.device):
+        """The branching trees as the CUDA kernel's TreeBatchMeta (built once a step)."""
+        if self._kernel_meta is None:
+            from ..kernels.tree_attention import TreeBatchMeta
+
+            trees = self.branching
+            size = max(t.num_rows for t in trees)
+            masks = torch.zeros(len(trees), size, size, dtype=torch.int8)
+            for b, t in enumerate(trees):
+                masks[b, : t.num_rows, : t.num_rows] = t.ancestor_mask()
+
+            def ints(values):
+                return torch.tensor(values, dtype=torch.int32, device=device)
+
+            self._kernel_meta = TreeBatchMeta(
+                first_rows=ints([t.row_start for t in trees]),
+                requests=ints([t.batch_index for t in trees]),
+                starts=ints([t.start for t in trees]),
+                sizes=ints([t.num_rows for t in trees]),
+                masks=masks.to(device),
+                rows=torch.tensor([t.row_start + i for t in trees for i in range(t.num_rows)],
+                                  device=device),
+                max_size=size,
+                max_seq_len=max(t.start + t.num_rows for t in trees),
+            )  # fmt: skip
+        return self._kernel_meta
+
+    def row_of(self, tree: TreeRows, offset: int) -> int:
+        """Index into the captured rows of a tree's row `offset`."""
+        base = 0
+        for t in self.trees:
+            if t is tree:
+                return base + offset
+            base += t.num_rows
+        raise KeyError("tree not in this step")
+
+
+_ACTIVE: TreeAttentionContext | None = None
+
+
+def active_context() -> TreeAttentionContext | None:
+    return _ACTIVE
+
+
+@contextlib.contextmanager
+def published(ctx: TreeAttentionContext | None):
+    """Publish `ctx` to the attention backend for the duration of the target forward."""
+    global _ACTIVE
+    _ACTIVE = ctx
+    try:
+        yield
+    finally:
+        _ACTIVE = None
+
+
+def rewrite_accepted_kv(layers: dict, ctx: TreeAttentionContext, moves) -> None:
+    """Write each accepted path's K/V into the slots right after its root.
+    moves: (tree rows, accepted path) pairs whose path is not already rows 1..k."""
+    src, dst = [], []
+    for tree, path in moves:
+        src += [ctx.row_of(tree, node) for node in path]
+        dst += [ctx.row_of(tree, j) for j in range(1, len(path) + 1)]
+    if not src:
+        return
+    for name, (keys, values, slots) in ctx.captured.items():
+        layer = layers[name]
+        index = torch.tensor(src, device=keys.device)
+        dst_slots = slots[torch.tensor(dst, device=slots.device)]
+        layer.impl.do_kv_cache_update(layer, keys[index], values[index], layer.kv_cache, dst_slots)
