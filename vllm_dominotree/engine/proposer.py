@@ -43,7 +43,11 @@ class DominoTreeProposer(DFlashProposer):
             vocab_size=target.get_vocab_size(),
             num_layers=target.get_total_num_hidden_layers(),
         )
-        head = DominoHead(self.spec, self.model.domino_tensors) if self.spec.is_domino else None
+        head = None
+        if self.spec.is_domino:
+            # vLLM may load weights before the model reaches its device.
+            tensors = {k: v.to(self.device) for k, v in self.model.domino_tensors.items()}
+            head = DominoHead(self.spec, tensors)
         self.scorer = make_scorer(
             self.options.scorer,
             head,
