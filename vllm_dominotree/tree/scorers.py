@@ -93,11 +93,13 @@ class ConditionalScorer:
         # and tokens of the best children, both exact in float64) cross to and from the
         # host through pinned buffers: one copy each way and one sync per pop.
         pinned = device.type == "cuda"
-        self.rows_in = torch.zeros(5, r, device=device, dtype=torch.long)
-        self.rows_host = torch.zeros(5, r, dtype=torch.long, pin_memory=pinned)
-        self.children_out = torch.zeros(2, r, self.max_children, device=device, dtype=torch.float64)
+        # Row-major per node, so that the first p nodes are one contiguous block: a copy
+        # of a strided view would go through an unpinned staging buffer.
+        self.rows_in = torch.zeros(r, 5, device=device, dtype=torch.long)
+        self.rows_host = torch.zeros(r, 5, dtype=torch.long, pin_memory=pinned)
+        self.children_out = torch.zeros(r, 2, self.max_children, device=device, dtype=torch.float64)
         self.children_host = torch.zeros(
-            2, r, self.max_children, dtype=torch.float64, pin_memory=pinned
+            r, 2, self.max_children, dtype=torch.float64, pin_memory=pinned
         )
         self.use_cuda_graphs = use_cuda_graphs
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -128,7 +130,7 @@ class ConditionalScorer:
 
     def _expand_rows(self, p: int) -> None:
         """The per-node step for p padded rows: GRU update, correction, top-C children."""
-        req, node, parent, token, depth = self.rows_in[:, :p]
+        req, node, parent, token, depth = self.rows_in[:p].T
         state = self.head.gru_step(self.embed_tokens[token], self.states[req, parent])
         self.states[req, node] = state
         u = F.silu(self.hid_part[req, depth] + state @ self.w_state.T)  # [p, E]
@@ -140,8 +142,8 @@ class ConditionalScorer:
         logits = self.base[req, depth] + corr * corrected
         values, index = torch.log_softmax(logits.float(), dim=-1).topk(self.max_children, dim=-1)
         tokens = self.cand[req, depth].gather(1, index) if self.restricted else index
-        self.children_out[0, :p] = values
-        self.children_out[1, :p] = tokens
+        self.children_out[:p, 0] = values
+        self.children_out[:p, 1] = tokens
 
     def _padded_rows(self, n: int) -> int:
         p = 1
@@ -151,9 +153,9 @@ class ConditionalScorer:
 
     def _step(self, p: int) -> None:
         """Inputs in, the step, outputs out: with graphs, the two copies are captured too."""
-        self.rows_in[:, :p].copy_(self.rows_host[:, :p], non_blocking=True)
+        self.rows_in[:p].copy_(self.rows_host[:p], non_blocking=True)
         self._expand(p)
-        self.children_host[:, :p].copy_(self.children_out[:, :p], non_blocking=True)
+        self.children_host[:p].copy_(self.children_out[:p], non_blocking=True)
 
     def _run(self, p: int) -> None:
         if not self.use_cuda_graphs:
@@ -185,17 +187,14 @@ class ConditionalScorer:
         n = len(items)
         p = self._padded_rows(n)
         rows = self.rows_host.numpy()
-        for col, i in enumerate(items):
+        for k, i in enumerate(items):
             parent = i.parent if i.parent >= 0 else self.zero_slot
-            rows[:, col] = (i.request, i.node, parent, i.token, i.depth)
-        rows[:, n:p] = [[0], [self.scratch_slot], [self.zero_slot], [0], [0]]
+            rows[k] = (i.request, i.node, parent, i.token, i.depth)
+        rows[n:p] = (0, self.scratch_slot, self.zero_slot, 0, 0)
         self._run(p)
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
-        logprobs, tokens = self.children_host[:, :n].tolist()
-        return [
-            Children([int(t) for t in tok], lp) for tok, lp in zip(tokens, logprobs, strict=True)
-        ]
+        return [Children([int(t) for t in tok], lp) for lp, tok in self.children_host[:n].tolist()]
 
 
 def make_scorer(
