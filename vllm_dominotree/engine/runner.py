@@ -23,6 +23,7 @@ import torch
 from vllm.v1.outputs import SamplerOutput
 
 from ..tree.acceptance import SamplingParams, draw_target_tokens
+from ..tree.builder import DraftTree
 from .proposer import DominoTreeProposer
 from .tree_context import TreeAttentionContext, published, rewrite_accepted_kv
 from .verify import TreeRows, accept_rows, tree_rows
@@ -44,15 +45,17 @@ class DominoTreeStats:
 
 
 class DominoTreeRunnerMixin:
-    """Mixed into vLLM's V1 GPUModelRunner / CPUModelRunner (see worker.py)."""
+    """Mixed into vLLM's V1 GPUModelRunner / CPUModelRunner (cpu_worker.py, gpu_worker.py)."""
 
     def __init__(self, vllm_config, device):
         super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
         self.dominotree_stats = DominoTreeStats()
-        self._trees: dict[str, object] = {}  # request id -> the tree proposed for it
+        self._trees: dict[str, DraftTree] = {}  # request id -> the tree proposed for it
         self._step_trees: TreeAttentionContext | None = None
-        self._accepted: list[tuple[TreeRows, list[int]]] = []  # (tree, root + path rows)
+        # This step's accepted paths that are not rows 1..k: their K/V moves to the first
+        # slots, and their rows move first for the drafter.
+        self._moved: list[tuple[TreeRows, list[int]]] = []
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -98,8 +101,7 @@ class DominoTreeRunnerMixin:
         trees = {t.batch_index: t for t in (self._step_trees.trees if self._step_trees else [])}
         width = spec_decode_metadata.max_spec_len + 1
         sampled = torch.full((num_reqs, width), -1, dtype=torch.int32)
-        moves = []
-        self._accepted = []
+        self._moved = []
         first_row = 0
         for i in range(num_reqs):
             num_rows = spec_decode_metadata.num_draft_tokens[i] + 1
@@ -118,13 +120,12 @@ class DominoTreeRunnerMixin:
             sampled[i, : len(result.tokens)] = torch.tensor(result.tokens, dtype=torch.int32)
             self._count(tree, result)
             if result.moved:
-                moves.append((tree, result.path))
-                self._accepted.append((tree, [0, *result.path]))
+                self._moved.append((tree, result.path))
         if self._step_trees is not None:
             rewrite_accepted_kv(self.compilation_config.static_forward_context,
-                                self._step_trees, moves)  # fmt: skip
+                                self._step_trees, self._moved)  # fmt: skip
             self.dominotree_stats.steps += 1
-            self.dominotree_stats.kv_moves += len(moves)
+            self.dominotree_stats.kv_moves += len(self._moved)
         return SamplerOutput(sampled_token_ids=sampled.to(logits.device), logprobs_tensors=None)
 
     def _bookkeeping_sync(self, *args, **kwargs):
@@ -163,7 +164,8 @@ class DominoTreeRunnerMixin:
                                 *args):  # fmt: skip
         # The drafter takes each request's first 1 + k rows (k accepted) as its new
         # context, at linear positions: put the root and the path first.
-        for tree, keep in self._accepted:
+        for tree, path in self._moved:
+            keep = [0, *path]
             rest = [r for r in range(tree.num_rows) if r not in set(keep)]
             order = torch.tensor(keep + rest) + tree.row_start
             span = slice(tree.row_start, tree.row_start + tree.num_rows)
