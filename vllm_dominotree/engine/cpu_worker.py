@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import vllm.v1.worker.cpu_worker as cpu_worker_module
 import vllm.v1.worker.gpu_model_runner as runner_module
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -13,7 +11,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from ..patches.worker_classes import swapped
 from ..patches.worker_registrations import register_worker_overrides
 from .proposer import DominoTreeProposer
-from .runner import DominoTreeRunnerMixin
+from .runner import DominoTreeRunnerMixin, DominoTreeWorkerMixin
 
 
 class DominoTreeCPUModelRunner(DominoTreeRunnerMixin, CPUModelRunner):
@@ -22,13 +20,8 @@ class DominoTreeCPUModelRunner(DominoTreeRunnerMixin, CPUModelRunner):
             super().__init__(vllm_config, device)
 
 
-class DominoTreeCPUWorker(CPUWorker):
+class DominoTreeCPUWorker(DominoTreeWorkerMixin, CPUWorker):
     def init_device(self) -> None:
         register_worker_overrides()
         with swapped(cpu_worker_module, "CPUModelRunner", DominoTreeCPUModelRunner):
             super().init_device()
-
-    def dominotree_stats(self) -> dict:
-        """Counters of the tree runner (read with LLM.collective_rpc)."""
-        stats = self.model_runner.dominotree_stats
-        return asdict(stats) | {"mean_accept_length": stats.mean_accept_length}

@@ -3,8 +3,6 @@ model runner (`_make_model_runner` is the Worker's own hook)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import vllm.v1.worker.gpu_model_runner as runner_module
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker
@@ -12,7 +10,7 @@ from vllm.v1.worker.gpu_worker import Worker
 from ..patches.worker_classes import swapped
 from ..patches.worker_registrations import register_worker_overrides
 from .proposer import DominoTreeProposer
-from .runner import DominoTreeRunnerMixin
+from .runner import DominoTreeRunnerMixin, DominoTreeWorkerMixin
 
 
 class DominoTreeGPUModelRunner(DominoTreeRunnerMixin, GPUModelRunner):
@@ -21,15 +19,10 @@ class DominoTreeGPUModelRunner(DominoTreeRunnerMixin, GPUModelRunner):
             super().__init__(vllm_config, device)
 
 
-class DominoTreeGPUWorker(Worker):
+class DominoTreeGPUWorker(DominoTreeWorkerMixin, Worker):
     def init_device(self) -> None:
         register_worker_overrides()
         super().init_device()
 
     def _make_model_runner(self) -> DominoTreeGPUModelRunner:
         return DominoTreeGPUModelRunner(self.vllm_config, self.device)
-
-    def dominotree_stats(self) -> dict:
-        """Counters of the tree runner (read with LLM.collective_rpc)."""
-        stats = self.model_runner.dominotree_stats
-        return asdict(stats) | {"mean_accept_length": stats.mean_accept_length}

@@ -16,7 +16,7 @@ Per step, on top of vLLM's DFlash flow:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -42,6 +42,15 @@ class DominoTreeStats:
     @property
     def mean_accept_length(self) -> float:
         return 1 + self.accepted_tokens / max(1, self.trees)
+
+
+class DominoTreeWorkerMixin:
+    """Mixed into the DominoTree workers: the RPC the tests and benchmarks call."""
+
+    def dominotree_stats(self) -> dict:
+        """Counters of the tree runner (read with LLM.collective_rpc)."""
+        stats = self.model_runner.dominotree_stats
+        return asdict(stats) | {"mean_accept_length": stats.mean_accept_length}
 
 
 class DominoTreeRunnerMixin:
