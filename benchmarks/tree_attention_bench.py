@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import torch
+
 from vllm_dominotree.kernels.tree_attention import TreeBatchMeta, tree_attention
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
@@ -35,6 +36,8 @@ def case(batch: int, context: int, rows: int):
         sizes=torch.full((batch,), rows, dtype=torch.int32, device="cuda"),
         masks=mask.expand(batch, rows, rows).contiguous(),
         rows=torch.arange(batch * rows, device="cuda"),
+        offsets=torch.arange(0, batch * rows, rows, dtype=torch.int32, device="cuda"),
+        row_trees=torch.arange(batch, dtype=torch.int32, device="cuda").repeat_interleave(rows),
         max_size=rows,
         max_seq_len=context + rows,
     )

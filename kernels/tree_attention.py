@@ -38,14 +38,16 @@ class TreeBatchMeta:
     starts: torch.Tensor  # [B] int32: position of the root
     sizes: torch.Tensor  # [B] int32: rows in the tree (root included)
     masks: torch.Tensor  # [B, S, S] int8: masks[b, i, j] = 1 iff row j is visible to row i
-    rows: torch.Tensor  # [sum of sizes] long: every tree row (the rows the kernel writes)
+    rows: torch.Tensor  # [M = sum of sizes] long: every tree row (the rows written)
+    offsets: torch.Tensor  # [B] int32: index of each tree's root among the M tree rows
+    row_trees: torch.Tensor  # [M] int32: the tree of each of the M tree rows
     max_size: int  # max of sizes (host int: it sizes the launch grid)
     max_seq_len: int  # max of starts + sizes (host int)
 
 
 @triton.jit
 def _tree_attention_slices(
-    Q, K, V, BlockTable, FirstRows, Requests, Starts, Sizes, Masks,
+    Q, K, V, BlockTable, FirstRows, Requests, Starts, Sizes, Masks, Offsets,
     PartAcc, PartMax, PartSum,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_mb, stride_mi, stride_pa_s, stride_pa_t, stride_pa_h,
@@ -105,11 +107,39 @@ def _tree_attention_slices(
         total = total * correction + tl.sum(weights, axis=1)
         acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v)
         best = new_best
-    out_row = first_row + tree_row
+    out_row = tl.load(Offsets + tree) + tree_row  # compact index among the tree rows
     tl.store(PartAcc + key_slice * stride_pa_s + out_row[:, None] * stride_pa_t
              + head[:, None] * stride_pa_h + dims[None, :], acc, mask=m_ok[:, None])  # fmt: skip
     tl.store(PartMax + key_slice * stride_pm_s + out_row * stride_pm_t + head, best, mask=m_ok)
     tl.store(PartSum + key_slice * stride_pm_s + out_row * stride_pm_t + head, total, mask=m_ok)
+
+
+@triton.jit
+def _merge_slices(
+    PartAcc, PartMax, PartSum, Rows, RowTrees, Starts, Sizes, Out,
+    stride_pa_s, stride_pa_t, stride_pa_h, stride_pm_s, stride_pm_t, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, SLICE: tl.constexpr,
+):  # fmt: skip
+    """Log-sum-exp merge of one tree row's key slices, for one head."""
+    m = tl.program_id(0)
+    head = tl.program_id(1)
+    tree = tl.load(RowTrees + m)
+    num_slices = tl.cdiv(tl.load(Starts + tree) + tl.load(Sizes + tree), SLICE)
+    dims = tl.arange(0, HEAD_DIM)
+    best = float("-inf")
+    for s in range(0, num_slices):
+        best = tl.maximum(best, tl.load(PartMax + s * stride_pm_s + m * stride_pm_t + head))
+    total = 0.0
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for s in range(0, num_slices):
+        weight = tl.exp(tl.load(PartMax + s * stride_pm_s + m * stride_pm_t + head) - best)
+        total += weight * tl.load(PartSum + s * stride_pm_s + m * stride_pm_t + head)
+        acc += weight * tl.load(PartAcc + s * stride_pa_s + m * stride_pa_t + head * stride_pa_h
+                                + dims)  # fmt: skip
+    row = tl.load(Rows + m)
+    tl.store(
+        Out + row * stride_ot + head * stride_oh + dims, (acc / total).to(Out.dtype.element_ty)
+    )
 
 
 def tree_attention(
@@ -124,18 +154,20 @@ def tree_attention(
     num_trees = meta.sizes.numel()
     if num_trees == 0:
         return
-    rows, heads, head_dim = query.shape
+    heads, head_dim = query.shape[1:]
     kv_heads, page = key_cache.shape[2], key_cache.shape[1]
     group = heads // kv_heads
     group_pad = max(triton.next_power_of_2(group), 1)
     row_blocks = triton.cdiv(meta.max_size, ROW_BLOCK)
     slices = triton.cdiv(meta.max_seq_len, SLICE)
-    part_acc = torch.zeros(slices, rows, heads, head_dim, device=query.device, dtype=torch.float32)
-    part_max = torch.full((slices, rows, heads), float("-inf"), device=query.device)
-    part_sum = torch.zeros(slices, rows, heads, device=query.device)
+    num_rows = meta.rows.numel()
+    # Every (slice, tree row, head) the merge reads is written by the slice kernel.
+    part_acc = torch.empty(slices, num_rows, heads, head_dim, device=query.device)
+    part_max = torch.empty(slices, num_rows, heads, device=query.device)
+    part_sum = torch.empty(slices, num_rows, heads, device=query.device)
     _tree_attention_slices[(num_trees * row_blocks, kv_heads, slices)](
         query, key_cache, value_cache, block_table,
-        meta.first_rows, meta.requests, meta.starts, meta.sizes, meta.masks,
+        meta.first_rows, meta.requests, meta.starts, meta.sizes, meta.masks, meta.offsets,
         part_acc, part_max, part_sum,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -146,12 +178,12 @@ def tree_attention(
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, PAGE=page,
         ROW_BLOCK=ROW_BLOCK, KEY_TILE=KEY_TILE, SLICE=SLICE,
     )  # fmt: skip
-    # Merge the key slices (log-sum-exp) for the tree rows only.
-    tree_rows = meta.rows
-    best = part_max[:, tree_rows].amax(0)
-    weight = torch.exp(part_max[:, tree_rows] - best)
-    merged = (part_acc[:, tree_rows] * weight[..., None]).sum(0)
-    out[tree_rows] = (merged / (part_sum[:, tree_rows] * weight).sum(0)[..., None]).to(out.dtype)
+    _merge_slices[(num_rows, heads)](
+        part_acc, part_max, part_sum, meta.rows, meta.row_trees, meta.starts, meta.sizes, out,
+        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+        part_max.stride(0), part_max.stride(1), out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SLICE=SLICE,
+    )  # fmt: skip
 
 
 def tree_attention_reference(query, key_cache, value_cache, block_table, meta, scale, out):

@@ -4,6 +4,7 @@ against the dense reference (used by the CPU interpreter test and tests/gpu)."""
 from __future__ import annotations
 
 import torch
+
 from vllm_dominotree.kernels.tree_attention import (
     TreeBatchMeta,
     tree_attention,
@@ -55,6 +56,8 @@ def random_case(device, dtype, seed, heads=8, kv_heads=2, head_dim=64, page=16, 
         sizes=on(sizes.to(torch.int32)),
         masks=on(random_tree_masks(sizes.tolist(), gen)),
         rows=on(rows),
+        offsets=on((torch.cumsum(sizes, 0) - sizes).to(torch.int32)),
+        row_trees=on(torch.repeat_interleave(torch.arange(trees), sizes).to(torch.int32)),
         max_size=int(sizes.max()),
         max_seq_len=int((starts + sizes).max()),
     )

@@ -65,6 +65,8 @@ class TreeAttentionContext:
                 masks=masks.to(device),
                 rows=torch.tensor([t.row_start + i for t in trees for i in range(t.num_rows)],
                                   device=device),
+                offsets=ints([sum(t.num_rows for t in trees[:b]) for b in range(len(trees))]),
+                row_trees=ints([b for b, t in enumerate(trees) for _ in range(t.num_rows)]),
                 max_size=size,
                 max_seq_len=max(t.start + t.num_rows for t in trees),
             )  # fmt: skip
