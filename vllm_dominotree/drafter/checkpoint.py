@@ -359,11 +359,53 @@ def load_tensors(spec: DrafterSpec) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_checkpoint(path: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+def write_checkpoint(
+    path: str | Path,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    max_shard_bytes: int | None = None,
+) -> Path:
     """Write a checkpoint in the released layout (used by tests, the demo pair and
-    training)."""
+    training). With max_shard_bytes, tensors go to numbered shards of at most that size
+    (a single tensor larger than it gets a shard of its own) plus the index file."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / WEIGHTS_FILE))
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if max_shard_bytes is None:
+        save_file(tensors, str(path / WEIGHTS_FILE))
+        return path
+    write_shards(path, "model", tensors, max_shard_bytes)
     return path
+
+
+def write_shards(path: Path, prefix: str, tensors: dict[str, torch.Tensor], max_bytes: int) -> None:
+    """Save tensors as `{prefix}-0000i-of-0000n.safetensors` files of at most max_bytes
+    each (a larger tensor gets a file of its own) and `{prefix}.safetensors.index.json`."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"{prefix}-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in shard.items()}, str(path / file))
+        weight_map |= dict.fromkeys(shard, file)
+    index = path / f"{prefix}.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": weight_map}, indent=1))
+
+
+def read_shards(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors `write_shards` saved."""
+    index = json.loads((path / f"{prefix}.safetensors.index.json").read_text())
+    out = {}
+    for file in sorted(set(index["weight_map"].values())):
+        with safe_open(str(path / file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                out[name] = f.get_tensor(name)
+    return out
