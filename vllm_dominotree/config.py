@@ -44,8 +44,9 @@ class DominoTreeConfig:
                 raise DominoTreeConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.budget > 64:
             raise DominoTreeConfigError(
-                f"budget {self.budget} is over 64 nodes; ancestor masks hold one 64-bit word "
-                "per row, so pick budget <= 64"
+                f"budget {self.budget} is over 64 nodes: every request verifies budget + 1 "
+                "rows per step, and past 64 the extra rows cost more than they can accept; "
+                "pick budget <= 64"
             )
         if not isinstance(self.spine, bool):
             raise DominoTreeConfigError(f"spine must be true or false, got {self.spine!r}")
