@@ -17,7 +17,7 @@ from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from ..config import DominoTreeConfig
-from ..drafter.checkpoint import check_fits_target, read_spec
+from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
 from ..tree.builder import DraftTree, build_trees
 from ..tree.scorers import make_scorer
@@ -35,14 +35,8 @@ class DominoTreeProposer(DFlashProposer):
         self.last_trees: list[DraftTree] = []
 
     def load_model(self, target_model: torch.nn.Module) -> None:
+        # The drafter was checked against the target in process 0 (patches/engine_args.py).
         super().load_model(target_model)
-        target = self.vllm_config.model_config
-        check_fits_target(
-            self.spec,
-            hidden_size=target.get_hidden_size(),
-            vocab_size=target.get_vocab_size(),
-            num_layers=target.get_total_num_hidden_layers(),
-        )
         head = None
         if self.spec.is_domino:
             # vLLM may load weights before the model reaches its device.
