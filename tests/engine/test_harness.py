@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_dominotree.datasets import load_dataset
+
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import harness
 
@@ -24,7 +26,7 @@ import harness
     ],
 )
 def test_builtin_datasets(name, count, turns, marker):
-    conversations = harness.load_dataset(name)
+    conversations = load_dataset(name)
     assert len(conversations) == count
     assert all(len(c) == turns and all(isinstance(t, str) and t for t in c) for c in conversations)
     assert all(marker in c[0] for c in conversations)
@@ -36,7 +38,7 @@ def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
                               ["the quick brown fox", "abc", "Hello there", "x y z"]))  # fmt: skip
     args = Namespace(target=pair_dirs["target"], drafter=pair_dirs["drafter"], dtype="float32",
                      max_model_len=256, max_new_tokens=24, enforce_eager=True)  # fmt: skip
-    datasets = {"mine": harness.load_dataset(f"mine={data}")}
+    datasets = {"mine": load_dataset(f"mine={data}")}
     results = {m: harness.run_method(m, args, datasets) for m in ("no-spec", "conditional-16")}
     rows = {r["method"]: r for r in harness.summarize(results)}
     assert rows["no-spec"]["accept_length"] == 1.0 and rows["no-spec"]["speedup"] == 1.0

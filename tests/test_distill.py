@@ -1,0 +1,25 @@
+"""Self-distillation prompts: many, distinct, and provably not evaluation prompts."""
+
+from __future__ import annotations
+
+from vllm_dominotree.datasets import load_dataset
+from vllm_dominotree.distill import evaluation_texts, overlap, training_prompts
+
+
+def test_prompts_are_distinct_deterministic_and_varied():
+    prompts = training_prompts(3000, seed=1)
+    assert len(set(prompts)) == 3000
+    assert prompts[:50] == training_prompts(50, seed=1)
+    assert len({p.split()[0] for p in prompts}) >= 5  # several kinds of task
+
+
+def test_no_training_prompt_shares_an_8_gram_with_the_evaluation_sets():
+    texts = evaluation_texts()
+    assert len(texts) == 164 + 2 * 80 + 311 + 30 + 15
+    assert overlap(training_prompts(3000, seed=0), texts) == []
+
+
+def test_the_overlap_check_finds_a_leaked_prompt():
+    leaked = load_dataset("mtbench")[3][0]
+    hits = overlap([*training_prompts(20), leaked], evaluation_texts())
+    assert [i for i, _ in hits] == [20]
