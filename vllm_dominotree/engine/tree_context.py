@@ -16,6 +16,7 @@ The backend then
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,9 @@ class TreeAttentionContext:
         self.rows = torch.tensor(
             [t.row_start + i for t in self.trees for i in range(t.num_rows)], dtype=torch.long
         )
+        # Index of each tree's root among the captured rows.
+        bases = itertools.accumulate((t.num_rows for t in self.trees), initial=0)
+        self._base = {id(t): b for t, b in zip(self.trees, bases, strict=False)}
         self.branching = [t for t in self.trees if not t.is_chain]
         self._kernel_meta = None
 
@@ -74,12 +78,7 @@ class TreeAttentionContext:
 
     def row_of(self, tree: TreeRows, offset: int) -> int:
         """Index into the captured rows of a tree's row `offset`."""
-        base = 0
-        for t in self.trees:
-            if t is tree:
-                return base + offset
-            base += t.num_rows
-        raise KeyError("tree not in this step")
+        return self._base[id(tree)] + offset
 
 
 _ACTIVE: TreeAttentionContext | None = None

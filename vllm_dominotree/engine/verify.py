@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..tree.acceptance import SamplingParams, accept, draw_target_tokens
-from ..tree.builder import ROOT, DraftTree
+from ..tree.builder import ROOT, DraftTree, ancestor_mask
 
 
 @dataclass
@@ -39,13 +39,7 @@ class TreeRows:
 
     def ancestor_mask(self) -> torch.Tensor:
         """[rows, rows] bool: row i sees row j iff j is i or one of its ancestors."""
-        n = self.num_rows
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i, p in enumerate(self.parents):
-            mask[i, i] = True
-            if p >= 0:
-                mask[i] |= mask[p]
-        return mask
+        return ancestor_mask(self.parents)
 
 
 def tree_rows(

@@ -108,15 +108,19 @@ class DraftTree:
         return out[::-1]
 
     def ancestor_mask(self) -> torch.Tensor:
-        """[n, n] bool: row i sees column j iff j is i or an ancestor of i."""
-        n = self.num_nodes
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            mask[i, i] = True
-            p = self.parents[i]
-            if p >= 0:
-                mask[i] |= mask[p]
-        return mask
+        return ancestor_mask(self.parents)
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[n, n] bool for nodes in topological order (parents[i] < i, -1 for none): row i
+    sees column j iff j is i or an ancestor of i."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
 
 
 def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[DraftTree]:
