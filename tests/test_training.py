@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import random
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from vllm_dominotree.config import DominoTreeConfig
 from vllm_dominotree.drafter import Drafter, read_spec
 from vllm_dominotree.reference import ReferenceDecoder
-from vllm_dominotree.training import Trainer, load_sequences
+from vllm_dominotree.training import Trainer, load_sequences, make_batch
 
-OPTIONS = dict(block_size=6, layers=1, gru=32, emb=32, lr=3e-3, seed=0, device="cpu")
+OPTIONS = dict(block_size=6, layers=1, target_layers=2, gru=32, emb=32, lr=3e-3, seed=0,
+               device="cpu", warmup=5)  # fmt: skip
 
 
 def self_distilled(target, path, count=24, length=48):
@@ -43,14 +47,14 @@ def test_training_improves_the_drafter_and_resumes(attentive_target, tmp_path):
     first = Trainer(target_dir, out, **OPTIONS)
     first.save()  # the untrained drafter, for comparison
     before = mean_accept(attentive_target, out / "drafter")
-    progress = first.train(data, minutes=5, anchors=4, max_steps=60)
+    progress = first.train(data, minutes=5, batch_size=2, anchors=4, max_steps=60)
     assert progress["step"] == 60
 
     # A new process picks up the chunk where it ended: same step count, optimizer state.
     second = Trainer(target_dir, out, **OPTIONS)
     assert second.progress["step"] == 60
     assert second.optimizer.state_dict()["state"], "optimizer state not restored"
-    progress = second.train(data, minutes=5, anchors=4, max_steps=120)
+    progress = second.train(data, minutes=5, batch_size=2, anchors=4, max_steps=120)
     assert progress["step"] == 180
     losses = progress["losses"]
     assert sum(losses[-20:]) / 20 < 0.7 * sum(losses[:20]) / 20
@@ -61,3 +65,51 @@ def test_training_improves_the_drafter_and_resumes(attentive_target, tmp_path):
     print("mean accept length before", before, "after", after)
     assert after > before + 0.5, (before, after)
     assert all(f.stat().st_size <= 16 * 1024 * 1024 for f in out.rglob("*.safetensors"))
+
+
+def anchor_loss(trainer: Trainer, tokens: list[int], p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One anchor's two loss terms the plain way: the serving block (block_hidden) over
+    the context before p, the GRU stepped token by token. Returns per-row CE [K], [K]."""
+    drafter, spec, embed = trainer.drafter, trainer.spec, trainer.embed
+    ids = torch.tensor(tokens)
+    with torch.no_grad():
+        hidden = trainer.target(ids[None], output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i + 1][0, :p] for i in spec.target_layer_ids], -1)
+    context = drafter.backbone.context_kv(features, torch.arange(p))
+    rows = drafter.block_hidden(embed[ids[p]], embed[spec.mask_token_id], p, context)
+    labels = ids[p + 1 : p + 1 + spec.num_drafts]
+    base = trainer.lm_head(rows)
+    state = drafter.head.initial_state(embed[ids[p]][None])
+    states = [state]
+    for i in range(1, spec.num_drafts):
+        state = drafter.head.gru_step(embed[ids[p + i]][None], state)
+        states.append(state)
+    corrected = base + drafter.head.correction(rows, torch.cat(states))
+    ce = lambda logits: F.cross_entropy(logits, labels, reduction="none")
+    return ce(base), ce(corrected)
+
+
+@pytest.mark.parametrize("decay", [None, 3.0])
+def test_batched_loss_equals_per_anchor_blocks(attentive_target, tmp_path, decay):
+    """Many anchors of several sequences side by side under one mask give exactly the
+    loss of running each anchor's block alone, as serving does (a mask that lets a block
+    see another block or a later context position fails this)."""
+    target_dir = attentive_target.name_or_path
+    data = self_distilled(attentive_target, tmp_path / "data.jsonl", count=3, length=30)
+    trainer = Trainer(target_dir, tmp_path / "run", **(OPTIONS | {"seed": 3}), decay=decay)
+    # A trained-looking head: the correction must not be zero, or it would hide errors.
+    torch.nn.init.normal_(trainer.drafter.head.proj_out, std=0.3)
+    batch = make_batch(data, trainer.spec.num_drafts, 5, 1024, random.Random(1))
+    assert batch.valid.all() and len(set(batch.tokens.shape)) == 2
+    weights = trainer.row_weights()
+    start = trainer.spec.pure_draft_prefix_len
+    base_terms, corrected_terms = [], []
+    for b, (tokens, _) in enumerate(data):
+        for p in batch.anchors[b].tolist():
+            base, corrected = anchor_loss(trainer, tokens, p)
+            base_terms.append(base * weights)
+            corrected_terms.append(corrected[start:] * weights[start:])
+    expected = 0.5 * (torch.cat(base_terms).sum() / (weights.sum() * len(base_terms))
+                      + torch.cat(corrected_terms).sum()
+                      / (weights[start:].sum() * len(corrected_terms)))  # fmt: skip
+    assert torch.allclose(trainer.loss(batch), expected, rtol=1e-5), (trainer.loss(batch), expected)

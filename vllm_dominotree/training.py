@@ -1,22 +1,26 @@
 """Train a Domino drafter for a Hugging Face target, in resumable time-boxed chunks.
 
     python -m vllm_dominotree.training --target DIR --data FILE.jsonl --out DIR \\
-        [--minutes 10] [--block-size 8] [--draft-layers 1]
+        [--minutes 10] [--block-size 16] [--draft-layers 1] [--target-layers 4]
 
 Data: JSONL lines {"tokens": [...], "prompt_len": n}: a prompt and the target's own
 response to it (self-distillation). Every run continues from `out/` if it holds a
 checkpoint, trains until the time box ends, and leaves
-  out/drafter/   the drafter in the released DFlash/Domino format (shards <= 16 MiB),
-  out/state/     optimizer state (shards <= 16 MiB) and progress.json,
-so a chunk may end anywhere and the next one (on a fresh machine) picks up there.
+  out/drafter/   the drafter in the released DFlash/Domino format, float32,
+  out/state/     Adam's moments (bfloat16) and progress.json,
+every file <= 16 MiB, so a chunk may end anywhere and the next one (on a fresh machine)
+picks up there. `--export DIR` writes the drafter in bfloat16 for shipping.
 
 The objective (per anchor position p in a response, K = block_size drafts with
 shift_label): block [x_p, MASK...] over the target's context features of x_0..x_{p-1};
-slot i's hidden row h_i predicts x_{p+1+i}. Loss = cross-entropy of the marginals
-lm_head(h_i) plus cross-entropy of Domino's corrected logits
-lm_head(h_i) + embed_proj([h_i ; S_i]) for i >= pure_draft_prefix_len, where S_i is the
-GRU state after the true tokens x_p .. x_{p+i} (teacher forcing), as the chain decoder
-and the tree builder use it. The target (embedding, lm_head) stays frozen.
+draft row i predicts x_{p+1+i}. Loss = cross-entropy of the marginals lm_head(h_i) plus
+cross-entropy of Domino's corrected logits lm_head(h_i) + embed_proj([h_i ; S_i]) for
+i >= pure_draft_prefix_len, where S_i is the GRU state after the true tokens
+x_p .. x_{p+i} (teacher forcing), as the chain decoder and the tree builder use it.
+Row i's terms weigh exp(-i / decay): deep drafts are rarely reached, so early rows
+matter most. A step trains many anchors of many sequences at once: the blocks sit side
+by side under one attention mask (context before each anchor, its own block).
+The target (embedding, lm_head) stays frozen.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import json
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,13 +42,13 @@ from .drafter.checkpoint import (
     write_checkpoint,
     write_shards,
 )
-from .drafter.model import ContextKV, Drafter
+from .drafter.model import Drafter
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
-def drafter_config(target_config, *, block_size: int, layers: int, gru: int, emb: int,
-                   mask_token_id: int) -> dict:  # fmt: skip
+def drafter_config(target_config, *, block_size: int, layers: int, target_layers: int, gru: int,
+                   emb: int, mask_token_id: int) -> dict:  # fmt: skip
     """A released-format Domino config for this target (Qwen3-style drafter layers of
     the target's attention shape)."""
     t = target_config
@@ -66,7 +71,7 @@ def drafter_config(target_config, *, block_size: int, layers: int, gru: int, emb
         "dflash_config": {
             "block_size": block_size,
             "mask_token_id": mask_token_id,
-            "target_layer_ids": default_target_layer_ids(t.num_hidden_layers, layers),
+            "target_layer_ids": default_target_layer_ids(t.num_hidden_layers, target_layers),
             "projector_type": "domino",
             "gru_hidden_dim": gru,
             "emb_dim": emb,
@@ -113,21 +118,66 @@ def load_sequences(path: Path) -> list[tuple[list[int], int]]:
     return [(r["tokens"], r["prompt_len"]) for r in rows]
 
 
+@dataclass
+class Batch:
+    """Sequences and the anchors trained in one step."""
+
+    tokens: torch.Tensor  # [B, L], right-padded with 0
+    lengths: torch.Tensor  # [B]
+    anchors: torch.Tensor  # [B, A] anchor positions p (0 where unused)
+    valid: torch.Tensor  # [B, A] bool
+
+
+def make_batch(sequences: list[tuple[list[int], int]], num_drafts: int, anchors: int,
+               max_len: int, rng: random.Random) -> Batch:  # fmt: skip
+    """Up to `anchors` distinct anchor positions per sequence, each in the response and
+    with all num_drafts labels inside the sequence."""
+    rows = [tokens[:max_len] for tokens, _ in sequences]
+    width = max(len(r) for r in rows)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    points = torch.zeros(len(rows), anchors, dtype=torch.long)
+    valid = torch.zeros(len(rows), anchors, dtype=torch.bool)
+    for b, (row, (_, prompt_len)) in enumerate(zip(rows, sequences, strict=True)):
+        tokens[b, : len(row)] = torch.tensor(row)
+        first, last = max(prompt_len - 1, 1), len(row) - num_drafts - 1
+        if last >= first:
+            chosen = rng.sample(range(first, last + 1), min(anchors, last - first + 1))
+            points[b, : len(chosen)] = torch.tensor(chosen)
+            valid[b, : len(chosen)] = True
+    lengths = torch.tensor([len(r) for r in rows])
+    return Batch(tokens, lengths, points, valid)
+
+
+def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """anchors: [B, A] -> [B, A*bs, L + A*bs] boolean: a block's rows see the context
+    before its anchor and the whole of their own block, nothing of the other blocks."""
+    b, a = anchors.shape
+    device = anchors.device
+    context = torch.arange(context_len, device=device) < anchors[..., None]  # [B, A, L]
+    context = context.repeat_interleave(block_size, dim=1)
+    own = torch.eye(a, dtype=torch.bool, device=device).repeat_interleave(block_size, 0)
+    own = own.repeat_interleave(block_size, 1).expand(b, -1, -1)
+    return torch.cat([context, own], dim=-1)
+
+
 class Trainer:
-    def __init__(self, target_dir: Path, out: Path, *, block_size: int, layers: int, gru: int,
-                 emb: int, lr: float, seed: int, device: str):  # fmt: skip
+    def __init__(self, target_dir: Path, out: Path, *, block_size: int, layers: int,
+                 target_layers: int, gru: int, emb: int, lr: float, seed: int, device: str,
+                 decay: float | None = None, warmup: int = 0):  # fmt: skip
         self.device = torch.device(device)
         self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         self.target.to(self.device).eval().requires_grad_(False)
         self.embed = self.target.get_input_embeddings().weight
         self.lm_head = self.target.get_output_embeddings()
         self.out = out
+        self.lr, self.warmup, self.decay, self.seed = lr, warmup, decay, seed
         self.progress = {"step": 0, "seconds": 0.0, "losses": []}
         drafter_dir, state_dir = out / "drafter", out / "state"
         if not (state_dir / "progress.json").is_file():
             cfg = self.target.config
             mask = cfg.vocab_size - 1 if cfg.eos_token_id is None else _first(cfg.eos_token_id)
-            config = drafter_config(cfg, block_size=block_size, layers=layers, gru=gru, emb=emb,
+            config = drafter_config(cfg, block_size=block_size, layers=layers,
+                                    target_layers=target_layers, gru=gru, emb=emb,
                                     mask_token_id=mask)  # fmt: skip
             tensors = initial_tensors(config, self.target, torch.Generator().manual_seed(seed))
             write_checkpoint(drafter_dir, config, tensors, max_shard_bytes=MAX_FILE_BYTES)
@@ -136,54 +186,83 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=lr, weight_decay=0.0)
         if (state_dir / "progress.json").is_file():
             self._load_state(state_dir)
-        self.rng = random.Random(seed + self.progress["step"])
+        # bfloat16 matmuls on CUDA (the drafter's master weights stay float32).
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16,
+                                       enabled=self.device.type == "cuda")  # fmt: skip
 
-    def _features(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _features(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """tokens: [B, L] -> the target's hidden states at target_layer_ids: [B, L, n*H]."""
+        attention = torch.arange(tokens.shape[1], device=tokens.device) < lengths[:, None]
         with torch.no_grad():
-            hidden = self.target(tokens[None], output_hidden_states=True).hidden_states
-        return torch.cat([hidden[i + 1][0] for i in self.spec.target_layer_ids], dim=-1)
+            hidden = self.target(tokens, attention_mask=attention.long(),
+                                 output_hidden_states=True).hidden_states  # fmt: skip
+        return torch.cat([hidden[i + 1] for i in self.spec.target_layer_ids], dim=-1)
 
-    def loss(self, tokens: list[int], prompt_len: int, anchors: int) -> torch.Tensor | None:
-        k = self.spec.num_drafts
-        first = max(prompt_len - 1, 1)
-        last = len(tokens) - k - 1
-        if last < first:
-            return None
-        ids = torch.tensor(tokens, device=self.device)
+    def row_weights(self) -> torch.Tensor:
+        """Per draft row i: exp(-i / decay), or 1 without decay. [K]"""
+        rows = torch.arange(self.spec.num_drafts, device=self.device, dtype=torch.float32)
+        return torch.ones_like(rows) if self.decay is None else torch.exp(-rows / self.decay)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        tokens, anchors = batch.tokens.to(self.device), batch.anchors.to(self.device)
+        valid = batch.valid.to(self.device)
+        b, a = anchors.shape
+        s, head = self.spec, self.drafter.head
+        bs, k = s.block_size, s.num_drafts
+        positions = torch.arange(tokens.shape[1], device=self.device).expand(b, -1)
         context = self.drafter.backbone.context_kv(
-            self._features(ids), torch.arange(len(tokens), device=self.device)
+            self._features(tokens, batch.lengths.to(self.device)), positions
         )
-        head = self.drafter.head
-        mask = self.embed[self.spec.mask_token_id]
-        losses = []
-        for p in self.rng.sample(range(first, last + 1), min(anchors, last - first + 1)):
-            prefix = ContextKV([c[:p] for c in context.keys], [c[:p] for c in context.values])
-            rows = self.drafter.block_hidden(self.embed[ids[p]], mask, p, prefix)
-            labels = ids[p + 1 : p + 1 + k]
-            base = self.lm_head(rows)  # [K, V]
-            losses.append(F.cross_entropy(base, labels))
-            # GRU states after x_p .. x_{p+i}, i = 0 .. K-1 (teacher forcing).
-            state = head.initial_state(self.embed[ids[p]][None])
-            states = [state]
-            for i in range(1, k):
-                state = head.gru_step(self.embed[ids[p + i]][None], state)
-                states.append(state)
-            corrected = base + head.correction(rows, torch.cat(states))
-            start = self.spec.pure_draft_prefix_len
-            losses.append(F.cross_entropy(corrected[start:], labels[start:]))
-        return torch.stack(losses).mean()
+        slots = torch.arange(bs, device=self.device)
+        embeds = self.embed[s.mask_token_id].expand(b, a, bs, -1).clone()
+        embeds[:, :, 0] = self.embed[tokens.gather(1, anchors)]
+        hidden = self.drafter.backbone(
+            embeds.flatten(1, 2),
+            (anchors[..., None] + slots).flatten(1),
+            context,
+            block_mask(anchors, tokens.shape[1], bs),
+        ).view(b, a, bs, -1)[:, :, s.first_draft_slot :]  # [B, A, K, H]
+        drafts = torch.arange(k, device=self.device)
+        labels = tokens.gather(1, (anchors[..., None] + 1 + drafts).flatten(1)).view(b, a, k)
+        base = self.lm_head(hidden)  # [B, A, K, V]
+        # GRU states after x_p .. x_{p+i}, i = 0 .. K-1 (teacher forcing).
+        inputs = self.embed[tokens.gather(1, (anchors[..., None] + drafts).flatten(1))]
+        inputs = inputs.view(b * a, k, -1)
+        state = head.initial_state(inputs[:, 0])
+        states = [state]
+        for i in range(1, k):
+            state = head.gru_step(inputs[:, i], state)
+            states.append(state)
+        corrected = base + head.correction(hidden, torch.stack(states, 1).view(b, a, k, -1))
 
-    def train(self, sequences, *, minutes: float, anchors: int, max_steps: int | None = None):
+        weights = valid[..., None] * self.row_weights()  # [B, A, K]
+        start = s.pure_draft_prefix_len
+
+        def mean_ce(logits: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none")
+            return (ce * w.flatten()).sum() / w.sum()
+
+        corrected_weights = weights.clone()
+        corrected_weights[..., :start] = 0
+        return 0.5 * (mean_ce(base, weights) + mean_ce(corrected, corrected_weights))
+
+    def train(self, sequences, *, minutes: float, batch_size: int, anchors: int,
+              max_len: int = 1024, max_steps: int | None = None):  # fmt: skip
         deadline = time.monotonic() + 60 * minutes
         started = time.monotonic()
         done = 0
         while time.monotonic() < deadline and (max_steps is None or done < max_steps):
-            tokens, prompt_len = sequences[self.progress["step"] % len(sequences)]
-            loss = self.loss(tokens, prompt_len, anchors)
+            rng = random.Random(self.seed * 1_000_003 + self.progress["step"])
+            chosen = [sequences[rng.randrange(len(sequences))] for _ in range(batch_size)]
+            batch = make_batch(chosen, self.spec.num_drafts, anchors, max_len, rng)
             self.progress["step"] += 1
             done += 1
-            if loss is None:
+            if not batch.valid.any():
                 continue
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr * min(1.0, self.progress["step"] / max(1, self.warmup))
+            with self.autocast:
+                loss = self.loss(batch)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
@@ -194,24 +273,33 @@ class Trainer:
         return self.progress
 
     def save(self) -> None:
-        """The drafter (released format) and the optimizer state, in files <= 16 MiB."""
-        config = json.loads((self.out / "drafter" / "config.json").read_text())
-        names = list(self.spec.expected_shapes())
-        params = _named_parameters(self.drafter)
-        write_checkpoint(self.out / "drafter", config,
-                         {n: params[n].detach().cpu() for n in names},
+        """The drafter (released format, float32) and Adam's moments (bfloat16, which
+        halves what must survive a machine restart), in files <= 16 MiB."""
+        write_checkpoint(self.out / "drafter", self._config(), self._tensors(torch.float32),
                          max_shard_bytes=MAX_FILE_BYTES)  # fmt: skip
         state_dir = self.out / "state"
         state_dir.mkdir(parents=True, exist_ok=True)
         optimizer = self.optimizer.state_dict()
         tensors = {
-            f"{index}.{key}": value.cpu()
+            f"{index}.{key}": value.cpu() if key == "step" else value.cpu().to(torch.bfloat16)
             for index, entry in optimizer["state"].items()
             for key, value in entry.items()
         }
         if tensors:
             write_shards(state_dir, "optimizer", tensors, MAX_FILE_BYTES)
         (state_dir / "progress.json").write_text(json.dumps(self.progress))
+
+    def export(self, dest: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+        """The drafter alone, in the released format and `dtype` (what ships)."""
+        config = self._config() | {"torch_dtype": str(dtype).removeprefix("torch.")}
+        return write_checkpoint(dest, config, self._tensors(dtype), max_shard_bytes=MAX_FILE_BYTES)
+
+    def _config(self) -> dict:
+        return json.loads((self.out / "drafter" / "config.json").read_text())
+
+    def _tensors(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        params = _named_parameters(self.drafter)
+        return {n: params[n].detach().cpu().to(dtype) for n in self.spec.expected_shapes()}
 
     def _load_state(self, state_dir: Path) -> None:
         self.progress = json.loads((state_dir / "progress.json").read_text())
@@ -220,7 +308,8 @@ class Trainer:
         state: dict[int, dict[str, torch.Tensor]] = {}
         for name, tensor in read_shards(state_dir, "optimizer").items():
             index, key = name.split(".", 1)
-            state.setdefault(int(index), {})[key] = tensor.to(self.device)
+            device = "cpu" if key == "step" else self.device
+            state.setdefault(int(index), {})[key] = tensor.to(device, torch.float32)
         saved = self.optimizer.state_dict()
         saved["state"] = state
         self.optimizer.load_state_dict(saved)
@@ -250,20 +339,30 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=1)
+    parser.add_argument("--target-layers", type=int, default=4)
     parser.add_argument("--gru", type=int, default=256)
-    parser.add_argument("--emb", type=int, default=128)
-    parser.add_argument("--anchors", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--emb", type=int, default=48)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--anchors", type=int, default=32)
+    parser.add_argument("--max-len", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--decay", type=float, default=7.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--export", type=Path, help="also write the drafter in bfloat16 here")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     trainer = Trainer(args.target, args.out, block_size=args.block_size, layers=args.draft_layers,
-                      gru=args.gru, emb=args.emb, lr=args.lr, seed=args.seed,
-                      device=args.device)  # fmt: skip
-    progress = trainer.train(load_sequences(args.data), minutes=args.minutes, anchors=args.anchors,
-                             max_steps=args.max_steps)  # fmt: skip
+                      target_layers=args.target_layers, gru=args.gru, emb=args.emb, lr=args.lr,
+                      seed=args.seed, device=args.device, decay=args.decay,
+                      warmup=args.warmup)  # fmt: skip
+    progress = trainer.train(load_sequences(args.data), minutes=args.minutes,
+                             batch_size=args.batch_size, anchors=args.anchors,
+                             max_len=args.max_len, max_steps=args.max_steps)  # fmt: skip
+    if args.export:
+        trainer.export(args.export)
     recent = progress["losses"][-50:]
     print(json.dumps({"step": progress["step"], "seconds": round(progress["seconds"], 1),
                       "recent_loss": sum(recent) / max(1, len(recent))}))  # fmt: skip

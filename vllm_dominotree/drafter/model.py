@@ -29,29 +29,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE. x: [T, heads, head_dim], positions: [T]."""
+    """Rotate-half RoPE. x: [..., T, heads, head_dim], positions: [..., T]."""
     head_dim = x.shape[-1]
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim)
     )
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    emb = torch.cat([angles, angles], dim=-1)
-    cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
+    angles = positions.to(torch.float32)[..., None] * inv_freq
+    emb = torch.cat([angles, angles], dim=-1)[..., None, :]  # [..., T, 1, head_dim]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
     x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 @dataclass
 class ContextKV:
-    """The drafter's cache for one sequence: per layer, the context keys (RoPE applied)
-    and values. keys[i], values[i]: [T, kv_heads, head_dim]."""
+    """The drafter's cache: per layer, the context keys (RoPE applied) and values.
+    keys[i], values[i]: [..., T, kv_heads, head_dim] (training adds a batch dimension)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[0] if self.keys else 0
+        return self.keys[0].shape[-3] if self.keys else 0
 
     def append(self, other: ContextKV) -> None:
         for i in range(len(self.keys)):
@@ -81,14 +81,16 @@ class DFlashBackbone(nn.Module):
     def _kv(self, layer: int, x: torch.Tensor, positions: torch.Tensor):
         s = self.spec
         p = f"layers.{layer}.self_attn."
-        k = self._linear(x, p + "k_proj").view(-1, s.num_kv_heads, s.head_dim)
+        shape = (*x.shape[:-1], s.num_kv_heads, s.head_dim)
+        k = self._linear(x, p + "k_proj").view(shape)
         k = rope(rms_norm(k, self._p(p + "k_norm.weight"), s.rms_norm_eps), positions, s.rope_theta)
-        v = self._linear(x, p + "v_proj").view(-1, s.num_kv_heads, s.head_dim)
+        v = self._linear(x, p + "v_proj").view(shape)
         return k, v
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
-        """features: [T, n_layers * H] (the target's hidden states at target_layer_ids,
-        concatenated); positions: [T]. Returns the K/V every drafter layer attends to."""
+        """features: [..., T, n_layers * H] (the target's hidden states at
+        target_layer_ids, concatenated); positions: [..., T]. Returns the K/V every
+        drafter layer attends to."""
         ctx = rms_norm(
             F.linear(features, self._p("fc.weight")),
             self._p("hidden_norm.weight"),
@@ -102,27 +104,36 @@ class DFlashBackbone(nn.Module):
         return ContextKV(keys, values)
 
     def forward(
-        self, block_embeds: torch.Tensor, positions: torch.Tensor, context: ContextKV
+        self,
+        block_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        context: ContextKV,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """block_embeds: [B, H] target embeddings of [anchor, MASK...]; positions: [B].
-        Returns the final-normed hidden rows [B, H]."""
+        """block_embeds: [..., B, H] target embeddings of [anchor, MASK...] (one block, or
+        several side by side when attn_mask keeps them apart); positions: [..., B];
+        attn_mask: [..., B, T + B] boolean over context then block keys, None = all.
+        Returns the final-normed hidden rows [..., B, H]."""
         s = self.spec
         x = block_embeds
+        heads = (*x.shape[:-1], s.num_heads, s.head_dim)
+        mask = None if attn_mask is None else attn_mask.unsqueeze(-3)  # broadcast over heads
         for i in range(s.num_layers):
             p = f"layers.{i}."
             h = rms_norm(x, self._p(p + "input_layernorm.weight"), s.rms_norm_eps)
-            q = self._linear(h, p + "self_attn.q_proj").view(-1, s.num_heads, s.head_dim)
+            q = self._linear(h, p + "self_attn.q_proj").view(heads)
             q = rms_norm(q, self._p(p + "self_attn.q_norm.weight"), s.rms_norm_eps)
             q = rope(q, positions, s.rope_theta)
             k, v = self._kv(i, h, positions)
-            k = torch.cat([context.keys[i], k])
-            v = torch.cat([context.values[i], v])
+            k = torch.cat([context.keys[i], k], dim=-3).transpose(-3, -2)
+            v = torch.cat([context.values[i], v], dim=-3).transpose(-3, -2)
+            if mask is not None:  # masked SDPA kernels want equal head counts
+                k = k.repeat_interleave(s.num_heads // s.num_kv_heads, dim=-3)
+                v = v.repeat_interleave(s.num_heads // s.num_kv_heads, dim=-3)
             attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), enable_gqa=True
+                q.transpose(-3, -2), k, v, attn_mask=mask, enable_gqa=mask is None
             )
-            x = x + self._linear(
-                attn.transpose(0, 1).reshape(x.shape[0], -1), p + "self_attn.o_proj"
-            )
+            x = x + self._linear(attn.transpose(-3, -2).flatten(-2), p + "self_attn.o_proj")
             h = rms_norm(x, self._p(p + "post_attention_layernorm.weight"), s.rms_norm_eps)
             gate = self._linear(h, p + "mlp.gate_proj")
             up = self._linear(h, p + "mlp.up_proj")
