@@ -22,6 +22,7 @@ from vllm_dominotree.drafter import (
     read_spec,
     write_checkpoint,
 )
+from vllm_dominotree.drafter.checkpoint import read_shards, write_shards
 from vllm_dominotree.drafter.model import rope
 from vllm_dominotree.toy_pair import PairSpec, drafter_config, drafter_tensors
 
@@ -609,3 +610,11 @@ def test_rope_matches_transformers_qwen3():
     q_ref, k_ref = apply_rotary_pos_emb(q, k, cos[0], sin[0], unsqueeze_dim=1)
     assert torch.allclose(rope(q, positions, theta), q_ref, atol=1e-5)
     assert torch.allclose(rope(k, positions, theta), k_ref, atol=1e-5)
+
+
+def test_shards_rewritten_with_fewer_files_leave_none_behind(tmp_path):
+    tensors = {f"t{i}": torch.full((256,), float(i)) for i in range(4)}
+    write_shards(tmp_path, "model", tensors, max_bytes=1024)  # one tensor per file
+    write_shards(tmp_path, "model", tensors, max_bytes=4096)  # all in one file
+    assert [f.name for f in tmp_path.glob("*.safetensors")] == ["model-00001-of-00001.safetensors"]
+    assert all(torch.equal(read_shards(tmp_path, "model")[k], v) for k, v in tensors.items())

@@ -65,6 +65,10 @@ def test_training_improves_the_drafter_and_resumes(attentive_target, tmp_path):
     print("mean accept length before", before, "after", after)
     assert after > before + 0.5, (before, after)
     assert all(f.stat().st_size <= 16 * 1024 * 1024 for f in out.rglob("*.safetensors"))
+    for folder, prefix in ((out / "drafter", "model"), (out / "state", "optimizer")):
+        index = json.loads((folder / f"{prefix}.safetensors.index.json").read_text())
+        on_disk = {f.name for f in folder.glob("*.safetensors")}
+        assert on_disk == set(index["weight_map"].values()), "stale shards left behind"
 
 
 def anchor_loss(trainer: Trainer, tokens: list[int], p: int) -> tuple[torch.Tensor, torch.Tensor]:

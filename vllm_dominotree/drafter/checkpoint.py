@@ -391,6 +391,8 @@ def write_shards(path: Path, prefix: str, tensors: dict[str, torch.Tensor], max_
             size = 0
         shards[-1][name] = tensor
         size += nbytes
+    for stale in path.glob(f"{prefix}-*-of-*.safetensors"):  # an earlier save's shards
+        stale.unlink()
     weight_map = {}
     for i, shard in enumerate(shards, 1):
         file = f"{prefix}-{i:05d}-of-{len(shards):05d}.safetensors"

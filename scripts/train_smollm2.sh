@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The drafter recipe for SmolLM2-135M-Instruct (README: "Training a drafter"); any small
+# Hugging Face target works the same way with its own folder in place of step 1.
+#   bash scripts/train_smollm2.sh WORK_DIR MINUTES [GGUF_FILE]
+# 1. WORK_DIR/target: the GGUF converted into a plain Hugging Face folder (once);
+# 2. WORK_DIR/data.jsonl: self-distilled data, the target's greedy answers through vLLM
+#    to PROMPTS (default 12000) template prompts that share no 8-gram with any
+#    evaluation set (once);
+# 3. WORK_DIR/run: one training chunk of MINUTES, resumed from WORK_DIR/run if it holds
+#    one (copy a chunk's run/ back there after a machine restart). Every file <= 16 MiB.
+set -euo pipefail
+work=$1
+minutes=$2
+gguf=${3:-}
+python=${PYTHON:-python3}
+"$python" -m vllm_dominotree.smollm2 "$work/target" ${gguf:+--gguf "$gguf"}
+[ -f "$work/data.jsonl" ] || "$python" -m vllm_dominotree.distill --target "$work/target" \
+  --out "$work/data.jsonl" --prompts "${PROMPTS:-12000}" --max-tokens 512 \
+  --max-num-seqs "${MAX_NUM_SEQS:-256}"
+"$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \
+  --out "$work/run" --minutes "$minutes"
