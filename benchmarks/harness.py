@@ -28,7 +28,7 @@ import random
 import time
 from pathlib import Path
 
-from vllm_dominotree.datasets import load_dataset
+from vllm_dominotree.datasets import chat_token_ids, load_dataset
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -63,9 +63,7 @@ def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[
     params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
 
     def generate(messages):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                             enable_thinking=False)  # fmt: skip
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = chat_token_ids(tokenizer, messages)
         drafts, accepted = _counters(llm)
         start = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from vllm_dominotree.drafter import Drafter
+from vllm_dominotree.smollm2 import convert
 from vllm_dominotree.toy_pair import PairSpec, write_pair
 
 # Noise at which the toy drafter's corrected top-1 is wrong often enough for trees to
@@ -36,3 +37,9 @@ def toy_pair(tmp_path_factory):
     target_dir, exact_dir = write_pair(root / "exact", exact_spec)
     _, noisy_dir = write_pair(root / "noisy", PairSpec(noise=SIBLING_NOISE))
     return load_target(target_dir), Drafter.load(exact_dir), Drafter.load(noisy_dir), exact_spec
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct converted from the packaged GGUF, once per session."""
+    return convert(tmp_path_factory.mktemp("smollm2") / "target")

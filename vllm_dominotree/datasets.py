@@ -50,3 +50,13 @@ def load_dataset(name: str) -> list[list[str]]:
     raise ValueError(
         f"unknown dataset {name!r}; built in: {', '.join(BUILT_IN)}, or NAME=FILE.jsonl"
     )
+
+
+def chat_token_ids(tokenizer, messages: list[dict] | str) -> list[int]:
+    """A conversation (or one user turn) as the target sees it: its chat template with a
+    generation prompt and thinking off, tokenized without extra special tokens."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         enable_thinking=False)  # fmt: skip
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

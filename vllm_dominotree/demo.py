@@ -24,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .config import DominoTreeConfig
+from .datasets import chat_token_ids
 from .drafter import Drafter
 from .reference import STAGES, ReferenceDecoder
 from .smollm2 import DRAFTER_DIR
@@ -42,10 +43,7 @@ def prompt_ids(tokenizer, pair: str) -> list[list[int]]:
     """Token ids of the pair's prompts (chat-formatted for the real model)."""
     if pair == "toy":
         return [tokenizer(p)["input_ids"] for p in PROMPTS["toy"]]
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                           add_generation_prompt=True, tokenize=False)
-             for p in PROMPTS["smollm2"]]  # fmt: skip
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return [chat_token_ids(tokenizer, p) for p in PROMPTS["smollm2"]]
 
 
 def main() -> None:

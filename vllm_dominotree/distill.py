@@ -21,7 +21,7 @@ import random
 import re
 from pathlib import Path
 
-from .datasets import BUILT_IN, load_dataset
+from .datasets import BUILT_IN, chat_token_ids, load_dataset
 
 # Four kinds of task, drawn evenly: Python (over the standard library's own functions),
 # other code, arithmetic word problems with random numbers, and everyday writing.
@@ -175,12 +175,7 @@ def generate(target: str, prompts: list[str], out: Path, max_tokens: int, dtype:
 
     llm = LLM(model=target, dtype=dtype, seed=0, max_num_seqs=max_num_seqs)
     tokenizer = llm.get_tokenizer()
-    ids = []
-    for prompt in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                             add_generation_prompt=True, tokenize=False,
-                                             enable_thinking=False)  # fmt: skip
-        ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = [chat_token_ids(tokenizer, prompt) for prompt in prompts]
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     outputs = llm.generate([{"prompt_token_ids": p} for p in ids], params)
     partial = out.with_name(out.name + ".partial")

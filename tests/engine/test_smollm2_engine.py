@@ -1,0 +1,38 @@
+"""The embedded real pair through vLLM: SmolLM2-135M-Instruct with its trained Domino
+drafter, greedy output identical to the target alone (float32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from vllm_dominotree.datasets import chat_token_ids
+from vllm_dominotree.smollm2 import DRAFTER_DIR
+
+from .conftest import greedy, make_llm, shutdown, tree_stats
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Give three tips for sleeping better.",
+    "What is 15% of 240? Explain briefly.",
+    "Write a haiku about the sea.",
+]
+
+
+def test_smollm2_pair_is_lossless_and_accepts_drafts(smollm2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompts = [chat_token_ids(tokenizer, p) for p in PROMPTS]
+    dirs = {"target": str(smollm2_dir)}
+    llm = make_llm(dirs, max_model_len=1024)
+    want = greedy(llm, prompts, max_tokens=64)
+    shutdown(llm)
+    llm = make_llm(dirs, {"method": "dominotree", "model": str(DRAFTER_DIR)}, max_model_len=1024)
+    got = greedy(llm, prompts, max_tokens=64)
+    stats = tree_stats(llm)
+    shutdown(llm)
+    assert got == want
+    print("SmolLM2 pair in vLLM:", stats)
+    assert stats["mean_accept_length"] > 1.5
+    assert stats["sibling_accepts"] > 0  # the tree, not just its first path, pays off
