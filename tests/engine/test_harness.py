@@ -32,13 +32,22 @@ def test_builtin_datasets(name, count, turns, marker):
     assert all(marker in c[0] for c in conversations)
 
 
-def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
+def _args(pair_dirs, tmp_path, mode):
+    return Namespace(target=pair_dirs["target"], drafter=pair_dirs["drafter"], dtype="float32",
+                     max_model_len=256, max_new_tokens=24, enforce_eager=True, mode=mode,
+                     out=tmp_path / mode)  # fmt: skip
+
+
+def _datasets(tmp_path):
     data = tmp_path / "mine.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": p}) for p in
                               ["the quick brown fox", "abc", "Hello there", "x y z"]))  # fmt: skip
-    args = Namespace(target=pair_dirs["target"], drafter=pair_dirs["drafter"], dtype="float32",
-                     max_model_len=256, max_new_tokens=24, enforce_eager=True)  # fmt: skip
-    datasets = {"mine": load_dataset(f"mine={data}")}
+    return {"mine": load_dataset(f"mine={data}")}
+
+
+def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
+    args = _args(pair_dirs, tmp_path, "offline")
+    datasets = _datasets(tmp_path)
     results = {m: harness.run_method(m, args, datasets) for m in ("no-spec", "conditional-16")}
     rows = {r["method"]: r for r in harness.summarize(results)}
     assert rows["no-spec"]["accept_length"] == 1.0 and rows["no-spec"]["speedup"] == 1.0
@@ -46,6 +55,20 @@ def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
     assert tree["accept_length"] > 1.5
     low, high = tree["speedup_ci"]
     assert low <= tree["speedup"] <= high
-    assert [r["tokens"] for r in results["conditional-16"]["mine"]] == [24] * 4
-    harness.plot(list(rows.values()), tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").stat().st_size > 10_000
+    # Decode tokens: all but the first (which prefill makes), in positive decode time.
+    records = results["conditional-16"]["mine"]
+    assert [r["tokens"] for r in records] == [23] * 4 and all(r["seconds"] > 0 for r in records)
+    table = harness.report(results, args)
+    assert "conditional-16" in table and (args.out / "harness.md").read_text() == table
+    assert json.loads((args.out / "harness.json").read_text())["records"] == results
+    assert (args.out / "harness.png").stat().st_size > 10_000
+
+
+def test_server_mode_measures_over_http(pair_dirs, tmp_path):
+    """The same protocol against vLLM's OpenAI-compatible server: streaming chat
+    completions, acceptance from the server's /metrics."""
+    args = _args(pair_dirs, tmp_path, "server")
+    records = harness.run_method("conditional-16", args, _datasets(tmp_path))["mine"]
+    assert [r["tokens"] for r in records] == [23] * 4 and all(r["seconds"] > 0 for r in records)
+    assert harness.accept_length(records) > 1.5
+    assert "dominotree" in (args.out / "server-conditional-16.log").read_text()

@@ -10,16 +10,12 @@ hangs up mid-stream.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
+
+from vllm_dominotree.server import ApiServer, ServerError, log_tail
 
 from .conftest import MAX_MODEL_LEN, greedy
 
@@ -43,35 +39,7 @@ TEXT_PROMPTS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _log_tail(path: Path, lines: int = 60) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as err:
-        return f"<no log: {err}>"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
-
-
-class Server:
-    def __init__(self, url: str, log: Path):
-        self.url = url
-        self.log = log
-
+class Server(ApiServer):
     def post(self, path: str, body: dict, **kwargs) -> requests.Response:
         return requests.post(
             f"{self.url}{path}",
@@ -100,59 +68,23 @@ class Server:
 def server(pair_dirs, tmp_path_factory, request):
     """One server per scorer; every test below runs against each."""
     root = tmp_path_factory.mktemp("server")
-    log = root / "server.log"
-    port = _free_port()
     spec = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": request.param}
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        pair_dirs["target"],
-        "--served-model-name",
-        SERVED_NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enable-log-requests",
-        "--speculative-config",
-        json.dumps(spec),
-    ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    args = ["--served-model-name", SERVED_NAME, "--dtype", "float32",
+            "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--seed", "0",
+            "--enable-log-requests", "--speculative-config", json.dumps(spec)]  # fmt: skip
+    server = Server.start(pair_dirs["target"], root / "server.log", args,
+                          env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
     try:
         # Build the offline baseline engine while the server starts (both take ~30-60 s).
         request.getfixturevalue("baseline")
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"API server exited with {proc.returncode} during startup:\n{_log_tail(log)}"
-                )
-            try:
-                if requests.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"API server not healthy after {STARTUP_TIMEOUT_S} s:\n{_log_tail(log)}"
-                )
-            time.sleep(1)
-        yield Server(url, log)
-        assert proc.poll() is None, f"API server died during the tests:\n{_log_tail(log)}"
+        try:
+            server.wait_healthy(STARTUP_TIMEOUT_S)
+        except ServerError as err:
+            pytest.fail(str(err))
+        yield server
+        assert server.alive(), f"API server died during the tests:\n{log_tail(server.log)}"
     finally:
-        _stop(proc)
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +255,7 @@ def test_client_disconnect_mid_stream(server, baseline, tokenizer):
     # The server notices and aborts the request (logged with --enable-log-requests).
     deadline = time.monotonic() + 30
     while f"Aborted request(s) {request_id}" not in server.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, _log_tail(server.log)
+        assert time.monotonic() < deadline, log_tail(server.log)
         time.sleep(0.2)
 
     # ... and still answers a normal request with the right greedy output.
@@ -334,28 +266,14 @@ def test_client_disconnect_mid_stream(server, baseline, tokenizer):
     assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True)
 
 
-def _metrics(server) -> dict[str, float]:
-    """Unlabelled-or-summed Prometheus samples of /metrics, by metric name."""
-    response = requests.get(f"{server.url}/metrics", timeout=REQUEST_TIMEOUT_S)
-    assert response.status_code == 200, response.text
-    values: dict[str, float] = {}
-    for line in response.text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, value = line.rsplit(" ", 1)
-        name = name_labels.split("{", 1)[0]
-        values[name] = values.get(name, 0.0) + float(value)
-    return values
-
-
 def test_server_speculates(server, baseline, tokenizer):
     """The served engine really drafts and accepts tokens (vLLM's own counters), and
     the outputs are still the baseline's."""
-    before = _metrics(server)
+    before = server.metrics()
     text = "jumps over the lazy dog"
     want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
     assert server.complete(text)["choices"][0]["token_ids"] == want
-    after = _metrics(server)
+    after = server.metrics()
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
