@@ -117,3 +117,16 @@ def test_batched_loss_equals_per_anchor_blocks(attentive_target, tmp_path, decay
                       + torch.cat(corrected_terms).sum()
                       / (weights[start:].sum() * len(corrected_terms)))  # fmt: skip
     assert torch.allclose(trainer.loss(batch), expected, rtol=1e-5), (trainer.loss(batch), expected)
+
+
+def test_drafter_config_takes_the_targets_rope_base(smollm2_dir):
+    """SmolLM2 keeps rope_theta = 100000 in rope_parameters (transformers 5); the drafter
+    layers copied from it must rotate the same way."""
+    from transformers import AutoConfig
+
+    from vllm_dominotree.training import drafter_config
+
+    config = drafter_config(AutoConfig.from_pretrained(smollm2_dir), block_size=16, layers=1,
+                            target_layers=4, gru=8, emb=8, mask_token_id=2)  # fmt: skip
+    assert config["rope_theta"] == 100000.0
+    assert config["dflash_config"]["target_layer_ids"] == [1, 10, 18, 27]

@@ -64,7 +64,7 @@ def drafter_config(target_config, *, block_size: int, layers: int, target_layers
         "head_dim": head_dim,
         "vocab_size": t.vocab_size,
         "rms_norm_eps": t.rms_norm_eps,
-        "rope_theta": float(getattr(t, "rope_theta", None) or 10000.0),
+        "rope_theta": _target_rope_theta(t),
         "num_target_layers": t.num_hidden_layers,
         "layer_types": ["full_attention"] * layers,
         "torch_dtype": "float32",
@@ -313,6 +313,16 @@ class Trainer:
         saved = self.optimizer.state_dict()
         saved["state"] = state
         self.optimizer.load_state_dict(saved)
+
+
+def _target_rope_theta(config) -> float:
+    """The target's RoPE base: the drafter layers start as copies of its layers.
+    (transformers 5 keeps it in rope_parameters; older configs at the top level.)"""
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta") or getattr(config, "rope_theta", None)
+    if theta is None:
+        raise ValueError(f"target config {config.__class__.__name__} names no rope_theta")
+    return float(theta)
 
 
 def _first(value) -> int:
