@@ -45,6 +45,21 @@ def test_conditional_greedy_equals_the_target_alone(conditional, expected):
     assert after["kv_moves"] > before["kv_moves"]
 
 
+def test_stage_profile_splits_the_step(conditional, expected):
+    """With the stage clock on, a step's time splits into verify, accept, draft and
+    build (each measured, each inside the step), and the output does not change."""
+    conditional.collective_rpc("dominotree_profile", args=(True,))
+    try:
+        assert greedy(conditional, max_tokens=24) == [e[:24] for e in expected]
+        seconds = tree_stats(conditional)["stage_seconds"]
+    finally:
+        conditional.collective_rpc("dominotree_profile", args=(False,))
+    parts = ("verify", "accept", "draft", "build")
+    assert all(seconds[name] > 0 for name in (*parts, "step")), seconds
+    assert sum(seconds[name] for name in parts) < seconds["step"]
+    assert tree_stats(conditional)["stage_seconds"] == {}  # off again, and reset
+
+
 def test_other_scorers_are_lossless(other_scorer, expected):
     scorer, llm = other_scorer
     assert greedy(llm) == expected

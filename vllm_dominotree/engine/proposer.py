@@ -21,6 +21,7 @@ from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
 from ..tree.builder import DraftTree, build_trees
 from ..tree.scorers import make_scorer
+from .profiling import StageClock
 from .speculative import ADDITIONAL_CONFIG_KEY
 
 
@@ -33,6 +34,7 @@ class DominoTreeProposer(DFlashProposer):
         self.budget = self.num_speculative_tokens  # verification rows per request - 1
         self.scorer = None
         self.last_trees: list[DraftTree] = []
+        self.clock = StageClock(device)  # the runner shares its own
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         # The drafter was checked against the target in process 0 (patches/engine_args.py).
@@ -70,6 +72,24 @@ class DominoTreeProposer(DFlashProposer):
     ) -> torch.Tensor:
         """Returns the trees' drafted tokens, [R, budget] (padding past a tree's size is
         never accepted: the runner verifies against `last_trees`)."""
+        with self.clock.stage("draft"):
+            hidden, base_logits = self._draft(target_token_ids, target_positions,
+                                              target_hidden_states, next_token_ids,
+                                              token_indices_to_sample, common_attn_metadata,
+                                              mm_embed_inputs, num_rejected_tokens_gpu)  # fmt: skip
+        with self.clock.stage("build"):
+            self.scorer.prepare(hidden, base_logits)
+            self.last_trees = build_trees(self.scorer, next_token_ids.tolist(), self.shape)
+            drafts = torch.zeros(len(self.last_trees), self.budget, dtype=torch.int64)
+            for r, tree in enumerate(self.last_trees):
+                drafts[r, : tree.num_nodes - 1] = torch.tensor(tree.tokens[1:])
+            return drafts.to(self.device)
+
+    def _draft(self, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+               token_indices_to_sample, common_attn_metadata, mm_embed_inputs,
+               num_rejected_tokens_gpu) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One backbone pass over every request's block: the rows that predict drafts
+        0..K-1 and their marginal logits, [R, K, H] and [R, K, V]."""
         num_reqs = common_attn_metadata.batch_size()
         context = self.model.combine_hidden_states(target_hidden_states)
         # The query block is block_size slots: the bonus and block_size - 1 masks.
@@ -103,14 +123,7 @@ class DominoTreeProposer(DFlashProposer):
         ):
             block_rows = self.model(**model_kwargs)[:num_tokens]
 
-        # Rows that predict drafts 0..K-1 of each request: [R, K, H].
         first, k = self.spec.first_draft_slot, self.spec.num_drafts
         hidden = block_rows.view(num_reqs, self.spec.block_size, -1)[:, first : first + k]
         base_logits = self.model.compute_logits(hidden.reshape(num_reqs * k, -1))
-        self.scorer.prepare(hidden, base_logits.view(num_reqs, k, -1))
-        self.last_trees = build_trees(self.scorer, next_token_ids.tolist(), self.shape)
-
-        drafts = torch.zeros(num_reqs, self.budget, dtype=torch.int64)
-        for r, tree in enumerate(self.last_trees):
-            drafts[r, : tree.num_nodes - 1] = torch.tensor(tree.tokens[1:])
-        return drafts.to(self.device)
+        return hidden, base_logits.view(num_reqs, k, -1)

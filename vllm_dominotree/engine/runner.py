@@ -24,6 +24,7 @@ from vllm.v1.outputs import SamplerOutput
 
 from ..tree.acceptance import SamplingParams, draw_target_tokens
 from ..tree.builder import DraftTree
+from .profiling import StageClock
 from .proposer import DominoTreeProposer
 from .tree_context import TreeAttentionContext, published, rewrite_accepted_kv
 from .verify import TreeRows, accept_rows, tree_rows
@@ -45,12 +46,19 @@ class DominoTreeStats:
 
 
 class DominoTreeWorkerMixin:
-    """Mixed into the DominoTree workers: the RPC the tests and benchmarks call."""
+    """Mixed into the DominoTree workers: the RPCs the tests and benchmarks call."""
 
     def dominotree_stats(self) -> dict:
-        """Counters of the tree runner (read with LLM.collective_rpc)."""
+        """Counters of the tree runner (read with LLM.collective_rpc), and the seconds
+        per stage while profiling (profiling.py)."""
         stats = self.model_runner.dominotree_stats
-        return asdict(stats) | {"mean_accept_length": stats.mean_accept_length}
+        clock = self.model_runner.stage_clock
+        return asdict(stats) | {"mean_accept_length": stats.mean_accept_length,
+                                "stage_seconds": dict(clock.seconds)}  # fmt: skip
+
+    def dominotree_profile(self, enabled: bool) -> None:
+        """Start (or stop) timing the stages; the stage totals start again from zero."""
+        self.model_runner.stage_clock.reset(enabled)
 
 
 class DominoTreeRunnerMixin:
@@ -60,6 +68,7 @@ class DominoTreeRunnerMixin:
         super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
         self.dominotree_stats = DominoTreeStats()
+        self.stage_clock = self.drafter.clock = StageClock(self.device)
         self._trees: dict[str, DraftTree] = {}  # request id -> the tree proposed for it
         self._step_trees: TreeAttentionContext | None = None
         # This step's accepted paths that are not rows 1..k: their K/V moves to the first
@@ -75,6 +84,14 @@ class DominoTreeRunnerMixin:
             if hasattr(layer, "impl") and name not in self.drafter._draft_attn_layer_names
         )
 
+    def execute_model(self, *args, **kwargs):
+        with self.stage_clock.stage("step"):
+            return super().execute_model(*args, **kwargs)
+
+    def sample_tokens(self, *args, **kwargs):
+        with self.stage_clock.stage("step"):
+            return super().sample_tokens(*args, **kwargs)
+
     # 1. positions and tree description -------------------------------------------------
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
@@ -85,11 +102,14 @@ class DominoTreeRunnerMixin:
             drafts = spec_tokens.get(req_id)
             if drafts:
                 start = int(self.input_batch.num_computed_tokens_cpu[i])
-                rows = tree_rows(i, row, start, list(drafts), self._trees.get(req_id))
-                trees.append(rows)
-                positions = torch.tensor(rows.depths, dtype=self.positions.dtype) + start
-                self.positions[row : row + rows.num_rows] = positions.to(self.positions.device)
+                trees.append(tree_rows(i, row, start, list(drafts), self._trees.get(req_id)))
             row += int(num_scheduled_tokens[i])
+        if trees:
+            # Every tree row's position in one host-to-device copy: [sum of rows].
+            rows = torch.tensor([t.row_start + r for t in trees for r in range(t.num_rows)])
+            depths = torch.tensor([t.start + d for t in trees for d in t.depths])
+            device = self.positions.device
+            self.positions[rows.to(device)] = depths.to(device, self.positions.dtype)
         self._step_trees = TreeAttentionContext(trees, self._target_layers) if trees else None
         # Consumed: if the drafter is skipped this step (input too long), the scheduler
         # gets zero drafts, which then verify as a plain chain.
@@ -98,13 +118,17 @@ class DominoTreeRunnerMixin:
 
     # 2. the target forward with tree attention ----------------------------------------
     def _model_forward(self, *args, **kwargs):
-        with published(self._step_trees):
+        with published(self._step_trees), self.stage_clock.stage("verify"):
             return super()._model_forward(*args, **kwargs)
 
     # 3. acceptance ---------------------------------------------------------------------
     def _sample(self, logits, spec_decode_metadata) -> SamplerOutput:
         if spec_decode_metadata is None:
             return super()._sample(logits, spec_decode_metadata)
+        with self.stage_clock.stage("accept"):
+            return self._accept(logits, spec_decode_metadata)
+
+    def _accept(self, logits, spec_decode_metadata) -> SamplerOutput:
         batch = self.input_batch
         num_reqs = batch.num_reqs
         trees = {t.batch_index: t for t in (self._step_trees.trees if self._step_trees else [])}

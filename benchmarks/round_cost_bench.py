@@ -1,0 +1,198 @@
+"""What one speculative round costs in vLLM: DominoTree against vLLM's own DFlash chain
+and plain decoding, on random weights of a real shape.
+
+    python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
+        [--batches 1 4 16 64] [--methods ar dflash chain marginal conditional] \\
+        [--tokens 64] [--enforce-eager]
+
+Round costs do not depend on weight values (accept lengths do), so the target is a
+random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
+drafters are random DFlash / Domino b16 checkpoints of the released shapes; a random
+drafter accepts next to nothing, so every round commits about one token. Per method and
+batch size, after a warm-up batch: ms per round = the batch's decode time (first to last
+token) / rounds, where rounds come from vLLM's spec-decode counters (AR: tokens - 1).
+For the plugin's methods a second pass with the stage clock on (engine/profiling.py)
+splits a round into verify (target forward), accept, draft (drafter backbone), build
+(trees) and the rest (the stage clock's syncs make that pass slower; its split, not its
+total, is what it is for). The projection multiplies the paper's accept lengths
+(Qwen3-4B, 8 sets) by AR's step time over each method's round time: a projection,
+not a measurement. Writes round_cost.json and round_cost.md under --out after every
+method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936, draft_layers=5, gru=1024, emb=256),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                 draft_layers=1, gru=16, emb=8),
+}  # fmt: skip
+BLOCK_SIZE = 16
+# Overall accept lengths of the paper's table (Qwen3-4B, T = 0): the method whose round
+# each one pays for.
+PAPER_TAU = {"dflash": ("DFlash", 6.25), "marginal": ("DDTree (16)", 7.03),
+             "chain": ("Domino", 7.17), "conditional": ("DominoTree (16)", 7.98)}  # fmt: skip
+
+
+def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
+    """Random target (HF folder), random Domino and DFlash drafters (released format)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from vllm_dominotree.drafter import read_spec
+    from vllm_dominotree.drafter.checkpoint import write_checkpoint
+    from vllm_dominotree.training import drafter_config
+
+    sizes = dict(SHAPES[shape])
+    layers, gru, emb = sizes.pop("draft_layers"), sizes.pop("gru"), sizes.pop("emb")
+    dirs = {name: root / name for name in ("target", "domino", "dflash")}
+    if all((d / "config.json").is_file() for d in dirs.values()):
+        return {k: str(v) for k, v in dirs.items()}
+    config = Qwen3Config(**sizes, max_position_embeddings=8192, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        target = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    target.save_pretrained(dirs["target"])
+
+    domino = drafter_config(config, block_size=BLOCK_SIZE, layers=layers, target_layers=layers,
+                            gru=gru, emb=emb, mask_token_id=config.vocab_size - 1)  # fmt: skip
+    domino["torch_dtype"] = "bfloat16"
+    dflash = json.loads(json.dumps(domino))
+    for key in ("projector_type", "gru_hidden_dim", "emb_dim", "pure_draft_prefix_len"):
+        del dflash["dflash_config"][key]
+    dflash["dflash_config"]["shift_label"] = False
+    for name, cfg in (("domino", domino), ("dflash", dflash)):
+        dirs[name].mkdir(parents=True, exist_ok=True)
+        (dirs[name] / "config.json").write_text(json.dumps(cfg))
+        shapes = read_spec(dirs[name]).expected_shapes()
+        tensors = {n: (torch.ones(s) if n.endswith("norm.weight") else 0.02 * torch.randn(s))
+                   for n, s in shapes.items()}  # fmt: skip
+        write_checkpoint(dirs[name], cfg, {n: t.to(torch.bfloat16) for n, t in tensors.items()})
+    return {k: str(v) for k, v in dirs.items()}
+
+
+def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
+    if method == "ar":
+        return None
+    if method == "dflash":
+        return {"method": "dflash", "model": dirs["dflash"],
+                "num_speculative_tokens": BLOCK_SIZE - 1}  # fmt: skip
+    return {"method": "dominotree", "model": dirs["domino"], "scorer": method}
+
+
+def rounds_counter(llm) -> float:
+    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    return values.get("vllm:spec_decode_num_drafts", 0.0)
+
+
+def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[float, float]:
+    """(decode seconds of the batch, rounds per request) for `batch` random prompts."""
+    from vllm import SamplingParams
+
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [{"prompt_token_ids": torch.randint(0, vocab - 1, (128,), generator=gen).tolist()}
+               for _ in range(batch)]  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    before = rounds_counter(llm)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    drafts = rounds_counter(llm) - before
+    first = min(o.metrics.first_token_ts for o in outputs)
+    last = max(o.metrics.last_token_ts for o in outputs)
+    rounds = drafts / batch if drafts else tokens - 1
+    return last - first, rounds
+
+
+def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
+    from vllm import LLM
+
+    llm = LLM(model=dirs["target"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+              max_model_len=1024, max_num_seqs=max(args.batches), disable_log_stats=False,
+              speculative_config=speculative_config(method, dirs),
+              enforce_eager=args.enforce_eager)  # fmt: skip
+    vocab = SHAPES[args.shape]["vocab_size"]
+    rows = []
+    try:
+        for batch in args.batches:
+            timed_batch(llm, batch, 8, vocab, seed=1)  # warm-up
+            seconds, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
+            row = {"method": method, "batch": batch, "rounds": rounds,
+                   "accept_length": (args.tokens - 1) / rounds,
+                   "ms_per_round": 1e3 * seconds / rounds}  # fmt: skip
+            if method in ("chain", "marginal", "conditional"):
+                llm.collective_rpc("dominotree_profile", args=(True,))
+                _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
+                stages = llm.collective_rpc("dominotree_stats")[0]["stage_seconds"]
+                llm.collective_rpc("dominotree_profile", args=(False,))
+                split = {k: 1e3 * v / rounds for k, v in stages.items()}
+                split["rest"] = split.pop("step") - sum(split.values())
+                row["profiled_ms"] = split
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return rows
+
+
+def report(rows: list[dict], args) -> None:
+    ar = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "ar"}
+    for r in rows:
+        if r["method"] in PAPER_TAU and r["batch"] in ar:
+            name, tau = PAPER_TAU[r["method"]]
+            speedup = tau * ar[r["batch"]] / r["ms_per_round"]
+            r["projection"] = {"paper_method": name, "paper_accept_length": tau,
+                               "projected_speedup": speedup}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    (args.out / "round_cost.json").write_text(json.dumps({"command": command, "rows": rows},
+                                                         indent=1))  # fmt: skip
+    lines = ["| method | batch | ms/round | verify | accept | draft | build | rest | "
+             "projected speedup (paper tau) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        split = r.get("profiled_ms", {})
+        cells = [f"{split[k]:.2f}" if k in split else "-"
+                 for k in ("verify", "accept", "draft", "build", "rest")]  # fmt: skip
+        proj = r.get("projection")
+        proj_cell = (f"{proj['projected_speedup']:.2f}x ({proj['paper_method']}, "
+                     f"tau {proj['paper_accept_length']})") if proj else "-"  # fmt: skip
+        lines.append(f"| {r['method']} | {r['batch']} | {r['ms_per_round']:.2f} | "
+                     + " | ".join(cells) + f" | {proj_cell} |")  # fmt: skip
+    (args.out / "round_cost.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", choices=list(SHAPES), default="qwen3-4b")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--methods", nargs="+", default=["ar", "dflash", "chain", "marginal",
+                                                         "conditional"])  # fmt: skip
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--models", type=Path, help="where the random models go (default: --out)")
+    parser.add_argument("--enforce-eager", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    started = time.perf_counter()
+    dirs = write_models(args.models or args.out / "models", args.shape, device)
+    print(f"models ready in {time.perf_counter() - started:.1f} s", flush=True)
+    rows: list[dict] = []
+    for method in args.methods:
+        rows += run_method(method, dirs, args)
+        report(rows, args)
+    print((args.out / "round_cost.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
