@@ -34,8 +34,8 @@ SHAPES = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      vocab_size=151936, draft_layers=5, gru=1024, emb=256),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=512,
                  draft_layers=1, gru=16, emb=8),
 }  # fmt: skip
 BLOCK_SIZE = 16
