@@ -5,7 +5,7 @@
 # 1. WORK_DIR/target: the GGUF converted into a plain Hugging Face folder (once);
 # 2. WORK_DIR/data.jsonl: self-distilled data, the target's greedy answers through vLLM
 #    to PROMPTS (default 12000) template prompts that share no 8-gram with any
-#    evaluation set (once);
+#    evaluation set, in DTYPE (default auto; bfloat16 on a GPU is faster) (once);
 # 3. WORK_DIR/run: one training chunk of MINUTES, resumed from WORK_DIR/run if it holds
 #    one (copy a chunk's run/ back there after a machine restart). Every file <= 16 MiB.
 set -euo pipefail
@@ -16,6 +16,6 @@ python=${PYTHON:-python3}
 "$python" -m vllm_dominotree.smollm2 "$work/target" ${gguf:+--gguf "$gguf"}
 [ -f "$work/data.jsonl" ] || "$python" -m vllm_dominotree.distill --target "$work/target" \
   --out "$work/data.jsonl" --prompts "${PROMPTS:-12000}" --max-tokens 512 \
-  --max-num-seqs "${MAX_NUM_SEQS:-256}"
+  --max-num-seqs "${MAX_NUM_SEQS:-256}" --dtype "${DTYPE:-auto}"
 "$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \
   --out "$work/run" --minutes "$minutes"
