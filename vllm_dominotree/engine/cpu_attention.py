@@ -4,10 +4,14 @@ After the stock kernel has run, each root-to-leaf path of a branching tree is re
 with the same kernel, causally, after temporarily writing the path's K/V into the slots
 start .. start + depth; the canonical slots are restored at the end. Reusing the kernel
 keeps every ISA-specific cache layout, sliding window and soft cap it supports; the cost
-is one kernel call per leaf.
+is one kernel call per leaf. What the calls need besides the layer's own tensors (row
+indices, slots, lengths, the kernel's schedule) is the same for every layer of a step,
+so it is built once per step (`_PathCall`) and kept in the step's tree context.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from vllm import _custom_ops as ops
@@ -42,6 +46,18 @@ def _leaf_paths(parents: list[int]) -> list[tuple[list[int], int]]:
     return out
 
 
+@dataclass
+class _PathCall:
+    """One root-to-leaf path's kernel call, for every layer of a step."""
+
+    rows: torch.Tensor  # [depth] batch rows of the path, root first
+    slots: torch.Tensor  # [depth] the slots start .. start + depth - 1
+    new_rows: torch.Tensor  # the path's rows not computed by an earlier path
+    query_start: torch.Tensor  # [0, len(new_rows)]
+    seq_len: torch.Tensor  # [start + depth]
+    schedule: torch.Tensor
+
+
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
         out = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
@@ -55,7 +71,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         ctx.capture(layer.layer_name, key, value, attn_metadata.slot_mapping)
         for tree in ctx.branching:
             self._tree_rows_by_paths(layer, query, key, value, kv_cache, attn_metadata,
-                                     output, tree, _leaf_paths(tree.parents))  # fmt: skip
+                                     output, ctx, tree)  # fmt: skip
         return out
 
     def _cache_write(self, layer, key, value, key_cache, value_cache, slots) -> None:
@@ -65,37 +81,50 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             kv_cache_dtype=self.kv_cache_dtype,
         )  # fmt: skip
 
-    def _tree_rows_by_paths(self, layer, query, key, value, kv_cache, md, output, tree, paths):
-        num_blocks, heads, block_size, _ = kv_cache.shape
-        key_cache, value_cache = kv_cache.view(num_blocks, heads, 2 * block_size, -1).chunk(2, 2)
-        s, e = tree.row_start, tree.row_start + tree.num_rows
-        block_table = md.block_table[tree.batch_index : tree.batch_index + 1]
-        for path, first_new in paths:
+    def _path_calls(self, layer, md, tree, dtype: torch.dtype) -> list[_PathCall]:
+        s = tree.row_start
+        calls = []
+        for path, first_new in _leaf_paths(tree.parents):
             rows = torch.tensor(path, dtype=torch.long) + s
             depth = len(path)
-            self._cache_write(layer, key[rows], value[rows], key_cache, value_cache,
-                              md.slot_mapping[s : s + depth].contiguous())  # fmt: skip
             new_rows = rows[first_new:]
-            q = query[new_rows].contiguous()
-            o = torch.empty_like(q)
-            query_start = torch.tensor([0, len(new_rows)], dtype=torch.int32)
             seq_len = torch.tensor([tree.start + depth], dtype=torch.int32)
+            query_start = torch.tensor([0, len(new_rows)], dtype=torch.int32)
             schedule = ops.cpu_attn_get_scheduler_metadata(
                 num_reqs=1, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                head_dim=self.head_size, seq_lens=seq_len, dtype=query.dtype,
+                head_dim=self.head_size, seq_lens=seq_len, dtype=dtype,
                 query_start_loc=query_start, causal=True,
                 sliding_window_size=self.sliding_window, isa=layer.isa,
                 enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, kv_cache_dtype=self.kv_cache_dtype,
             )  # fmt: skip
+            slots = md.slot_mapping[s : s + depth].contiguous()
+            calls.append(_PathCall(rows, slots, new_rows, query_start, seq_len, schedule))
+        return calls
+
+    def _tree_rows_by_paths(self, layer, query, key, value, kv_cache, md, output, ctx, tree):
+        num_blocks, heads, block_size, _ = kv_cache.shape
+        key_cache, value_cache = kv_cache.view(num_blocks, heads, 2 * block_size, -1).chunk(2, 2)
+        s, e = tree.row_start, tree.row_start + tree.num_rows
+        block_table = md.block_table[tree.batch_index : tree.batch_index + 1]
+        # Layers of one model share the geometry and the step's slot mapping.
+        cache_key = ("cpu-paths", tree.row_start, self.num_heads, self.head_size, layer.isa)
+        calls = ctx.backend_cache.get(cache_key)
+        if calls is None:
+            calls = ctx.backend_cache[cache_key] = self._path_calls(layer, md, tree, query.dtype)
+        for call in calls:
+            self._cache_write(layer, key[call.rows], value[call.rows], key_cache, value_cache,
+                              call.slots)  # fmt: skip
+            q = query[call.new_rows]
+            o = torch.empty_like(q)
             ops.cpu_attention_with_kv_cache(
                 query=q, key_cache=key_cache, value_cache=value_cache, output=o,
-                query_start_loc=query_start, seq_lens=seq_len, scale=self.scale, causal=True,
-                alibi_slopes=None, sliding_window=self.sliding_window, block_table=block_table,
-                softcap=self.logits_soft_cap, scheduler_metadata=schedule, s_aux=self.sinks,
-                k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
-                kv_cache_dtype=self.kv_cache_dtype,
+                query_start_loc=call.query_start, seq_lens=call.seq_len, scale=self.scale,
+                causal=True, alibi_slopes=None, sliding_window=self.sliding_window,
+                block_table=block_table, softcap=self.logits_soft_cap,
+                scheduler_metadata=call.schedule, s_aux=self.sinks, k_scale=layer._k_scale_float,
+                v_scale=layer._v_scale_float, kv_cache_dtype=self.kv_cache_dtype,
             )  # fmt: skip
-            output[new_rows] = o.view(output[new_rows].shape)
+            output[call.new_rows] = o.view(output[call.new_rows].shape)
         # Every row's K/V back in its own slot.
         self._cache_write(layer, key[s:e], value[s:e], key_cache, value_cache, md.slot_mapping[s:e])
 

@@ -32,6 +32,8 @@ class TreeAttentionContext:
     captured: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=dict
     )
+    # What a backend computes once per step for all layers (keys are the backend's).
+    backend_cache: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rows = torch.tensor(
