@@ -10,6 +10,8 @@
 #                     this machine); the run comes back as $OUT/run.tar.* pieces
 #   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
 #                     -> $OUT/harness/
+#   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
+#                     it in artifacts/smollm2-data.jsonl.xz: `train` then skips distilling)
 # Wheels it expects beside the project: .whl/gguf (the gguf package, for the GGUF
 # conversion) and .whl/data (the evaluation sets' packages), e.g. shipped with the pack.
 set -euo pipefail
@@ -47,6 +49,8 @@ case $job in
   train)
     smollm2_target
     [ -d "$work/run" ] || [ ! -d artifacts/smollm2-run ] || cp -rL artifacts/smollm2-run "$work/run"
+    [ -f "$work/data.jsonl" ] || [ ! -f artifacts/smollm2-data.jsonl.xz ] ||
+      xz -dc artifacts/smollm2-data.jsonl.xz > "$work/data.jsonl"
     DTYPE=bfloat16 MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$work" "$1" 2>&1 |
       grep -v -i "it/s\]\|Loading weights\| WARNING " | tee "$OUT/train.log"
     tar -C "$work" -cf - run | split -b 15m - "$OUT/run.tar."
@@ -59,8 +63,11 @@ case $job in
       --out "$OUT/harness" --dtype bfloat16 "$@" 2>&1 | grep -v " WARNING " |
       tail -c 200000 > "$OUT/harness.log"
     ;;
+  data)
+    xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
+    ;;
   *)
-    echo "unknown job '$job': tests, round-cost, train MINUTES, harness" >&2
+    echo "unknown job '$job': tests, round-cost, train MINUTES, harness, data" >&2
     exit 2
     ;;
 esac
