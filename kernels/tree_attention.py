@@ -7,8 +7,10 @@ recomputes exactly the tree rows.
 Work split (flash-decoding): a program takes one block of up to ROW_BLOCK rows of one
 tree, one KV head (all the query heads of its GQA group at once, so the query tile is
 ROW_BLOCK x GROUP rows for tl.dot) and one slice of the request's keys; slices are
-merged by log-sum-exp afterwards. Keys before the tree's root position are visible to
-every row; a key inside the tree is visible to row i iff the tree's mask says so.
+merged by log-sum-exp afterwards. When every tree's keys fit one slice (contexts up to
+SLICE tokens), the slice kernel writes the output itself: one launch per layer. Keys
+before the tree's root position are visible to every row; a key inside the tree is
+visible to row i iff the tree's mask says so.
 
 Layout: key_cache / value_cache index as [block, slot in block, kv head, head dim]
 (vLLM's FlashAttention / Triton backends' NHD layout; any strides). A request's tree
@@ -48,12 +50,13 @@ class TreeBatchMeta:
 @triton.jit
 def _tree_attention_slices(
     Q, K, V, BlockTable, FirstRows, Requests, Starts, Sizes, Masks, Offsets,
-    PartAcc, PartMax, PartSum,
+    PartAcc, PartMax, PartSum, Out,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_mb, stride_mi, stride_pa_s, stride_pa_t, stride_pa_h,
-    stride_pm_s, stride_pm_t, scale, row_blocks,
+    stride_pm_s, stride_pm_t, stride_ot, stride_oh, scale, row_blocks,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     ROW_BLOCK: tl.constexpr, KEY_TILE: tl.constexpr, SLICE: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):  # fmt: skip
     tree = tl.program_id(0) // row_blocks
     row_block = tl.program_id(0) % row_blocks
@@ -107,6 +110,11 @@ def _tree_attention_slices(
         total = total * correction + tl.sum(weights, axis=1)
         acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v)
         best = new_best
+    if DIRECT:  # the only slice: normalize and write the rows' output
+        out = acc / total[:, None]
+        tl.store(Out + (first_row + tree_row)[:, None] * stride_ot + head[:, None] * stride_oh
+                 + dims[None, :], out.to(Out.dtype.element_ty), mask=m_ok[:, None])  # fmt: skip
+        return
     out_row = tl.load(Offsets + tree) + tree_row  # compact index among the tree rows
     tl.store(PartAcc + key_slice * stride_pa_s + out_row[:, None] * stride_pa_t
              + head[:, None] * stride_pa_h + dims[None, :], acc, mask=m_ok[:, None])  # fmt: skip
@@ -161,23 +169,27 @@ def tree_attention(
     row_blocks = triton.cdiv(meta.max_size, ROW_BLOCK)
     slices = triton.cdiv(meta.max_seq_len, SLICE)
     num_rows = meta.rows.numel()
+    direct = slices == 1
     # Every (slice, tree row, head) the merge reads is written by the slice kernel.
-    part_acc = torch.empty(slices, num_rows, heads, head_dim, device=query.device)
-    part_max = torch.empty(slices, num_rows, heads, device=query.device)
-    part_sum = torch.empty(slices, num_rows, heads, device=query.device)
+    part_shape = (0, 0, 0) if direct else (slices, num_rows, heads)
+    part_acc = torch.empty(*part_shape, head_dim, device=query.device)
+    part_max = torch.empty(part_shape, device=query.device)
+    part_sum = torch.empty(part_shape, device=query.device)
     _tree_attention_slices[(num_trees * row_blocks, kv_heads, slices)](
         query, key_cache, value_cache, block_table,
         meta.first_rows, meta.requests, meta.starts, meta.sizes, meta.masks, meta.offsets,
-        part_acc, part_max, part_sum,
+        part_acc, part_max, part_sum, out,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table.stride(0), meta.masks.stride(0), meta.masks.stride(1),
         part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-        part_max.stride(0), part_max.stride(1), scale, row_blocks,
+        part_max.stride(0), part_max.stride(1), out.stride(0), out.stride(1), scale, row_blocks,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, PAGE=page,
-        ROW_BLOCK=ROW_BLOCK, KEY_TILE=KEY_TILE, SLICE=SLICE,
+        ROW_BLOCK=ROW_BLOCK, KEY_TILE=KEY_TILE, SLICE=SLICE, DIRECT=direct,
     )  # fmt: skip
+    if direct:
+        return
     _merge_slices[(num_rows, heads)](
         part_acc, part_max, part_sum, meta.rows, meta.row_trees, meta.starts, meta.sizes, out,
         part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
