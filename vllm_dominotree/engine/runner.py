@@ -135,21 +135,29 @@ class DominoTreeRunnerMixin:
         width = spec_decode_metadata.max_spec_len + 1
         sampled = torch.full((num_reqs, width), -1, dtype=torch.int32)
         self._moved = []
+        # Greedy rows' tokens for the whole batch in one device-to-host copy.
+        greedy = logits.argmax(dim=-1).tolist() if batch.greedy_reqs else None
         first_row = 0
         for i in range(num_reqs):
             num_rows = spec_decode_metadata.num_draft_tokens[i] + 1
-            rows_logits = logits[first_row : first_row + num_rows]
+            rows = slice(first_row, first_row + num_rows)
             first_row += num_rows
             if self.discard_request_mask.np[i]:  # a prefill chunk: vLLM drops the token
                 sampled[i, 0] = 0
                 continue
             params = self._sampling_params(i)
-            generator = batch.sampling_metadata.generators.get(i)
             tree = trees.get(i)
-            if tree is None:  # no drafts this step (a prefill's end)
-                sampled[i, 0] = int(draw_target_tokens(rows_logits[-1:], params, generator)[0])
+            if params.greedy:
+                target = greedy[rows]
+            else:
+                generator = batch.sampling_metadata.generators.get(i)
+                # Without a tree (a prefill's end) only the last row is drawn.
+                drawn = logits[rows] if tree is not None else logits[rows][-1:]
+                target = draw_target_tokens(drawn, params, generator).tolist()
+            if tree is None:
+                sampled[i, 0] = target[-1]
                 continue
-            result = accept_rows(tree, rows_logits, params, generator)
+            result = accept_rows(tree, target)
             sampled[i, : len(result.tokens)] = torch.tensor(result.tokens, dtype=torch.int32)
             self._count(tree, result)
             if result.moved:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..tree.acceptance import SamplingParams, accept, draw_target_tokens
+from ..tree.acceptance import accept
 from ..tree.builder import ROOT, DraftTree, ancestor_mask
 
 
@@ -86,13 +86,8 @@ class Acceptance:
         return self.path != list(range(1, len(self.path) + 1))
 
 
-def accept_rows(
-    rows: TreeRows,
-    logits: torch.Tensor,  # [num_rows, V] the target's logits for the request's rows
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> Acceptance:
-    target = draw_target_tokens(logits, params, generator).tolist()
+def accept_rows(rows: TreeRows, target: list[int]) -> Acceptance:
+    """Walk the request's tree with the target's token of every row (target[i]: row i)."""
     tree = rows.tree
     if rows.num_real < tree.num_nodes:  # the scheduler verified a closed subtree
         tree = _prefix_tree(tree, rows.num_real)
