@@ -204,17 +204,22 @@ class DominoTreeRunnerMixin:
                                 hidden_states, sample_hidden_states, aux_hidden_states,
                                 *args):  # fmt: skip
         # The drafter takes each request's first 1 + k rows (k accepted) as its new
-        # context, at linear positions: put the root and the path first.
-        for tree, path in self._moved:
-            keep = [0, *path]
-            rest = [r for r in range(tree.num_rows) if r not in set(keep)]
-            order = torch.tensor(keep + rest) + tree.row_start
-            span = slice(tree.row_start, tree.row_start + tree.num_rows)
+        # context, at linear positions: put the root and the path first (one gather per
+        # tensor for all moved trees).
+        if self._moved:
+            dst, src, positions = [], [], []
+            for tree, path in self._moved:
+                keep = [0, *path]
+                order = keep + [r for r in range(tree.num_rows) if r not in set(keep)]
+                dst += range(tree.row_start, tree.row_start + tree.num_rows)
+                src += [tree.row_start + r for r in order]
+                positions += range(tree.start, tree.start + tree.num_rows)
+            device = self.positions.device
+            dst, src = torch.tensor(dst, device=device), torch.tensor(src, device=device)
             for rows in (self.input_ids.gpu, *(aux_hidden_states or [])):
-                rows[span] = rows[order.to(rows.device)].clone()
-            self.positions[span] = tree.start + torch.arange(
-                tree.num_rows, device=self.positions.device
-            )
+                rows[dst] = rows[src]  # the gather copies before the scatter writes
+            self.positions[dst] = torch.tensor(positions, device=device,
+                                               dtype=self.positions.dtype)  # fmt: skip
         drafts = super().propose_draft_token_ids(
             scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
             sample_hidden_states, aux_hidden_states, *args,
