@@ -4,7 +4,8 @@ The stock kernel runs every row as usual (all K/V written, non-tree rows final);
 for the branching trees of the step, the Triton tree kernel (kernels/tree_attention.py)
 recomputes the tree rows with ancestor-only attention from the same paged cache. Both
 backends keep K/V as [blocks, kv heads, slots, 2 * head dim], which the kernel reads
-through a [blocks, slots, kv heads, head dim] view.
+through a [blocks, slots, kv heads, head dim] view, and in which accepted rows later
+move slot to slot (tree_context.move_slots).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class TreeFixupMixin:
         found = [name for name, present in unsupported.items() if present]
         if found:
             raise NotImplementedError(f"dominotree: tree verification on CUDA lacks {found}")
-        ctx.capture(layer.layer_name, key, value, attn_metadata.slot_mapping)
+        ctx.keep_cache(layer.layer_name, kv_cache, attn_metadata.slot_mapping)
         if ctx.branching:
             key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
             tree_attention(

@@ -8,9 +8,12 @@ The backend then
 - fixes the outputs of tree rows so that each attends the committed prefix, its
   ancestors and itself only (rows of chains are already right under causal attention):
   cpu_attention.py on CPU, cuda_attention.py (a Triton kernel) on CUDA;
-- keeps a copy of the tree rows' K/V and slots, so that after acceptance the accepted
-  path's K/V can be rewritten into the first slots with the backend's own cache writer
-  (layout-agnostic KV compaction, `rewrite_accepted_kv`).
+- makes the accepted path's K/V movable into the slots right after the root
+  (`rewrite_accepted_kv`). On CPU, whose cache layout depends on the ISA, the backend
+  keeps a copy of the tree rows' K/V (`capture`) and rewrites them with its own cache
+  writer. On CUDA the cache is [blocks, kv heads, page, 2 * head dim] (FlashAttention
+  and Triton backends): the backend only registers its cache (`keep_cache`), and the
+  accepted rows move slot to slot inside it, so a step without moves costs nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class TreeAttentionContext:
     captured: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=dict
     )
+    # layer name -> (kv cache [blocks, kv heads, page, 2 * head dim], slot mapping)
+    in_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # What a backend computes once per step for all layers (keys are the backend's).
     backend_cache: dict = field(default_factory=dict)
 
@@ -52,6 +57,10 @@ class TreeAttentionContext:
             self._device_rows = self.rows.to(key.device)  # once a step, not once a layer
         rows = self._device_rows
         self.captured[layer_name] = (key[rows], value[rows], slot_mapping[rows])
+
+    def keep_cache(self, layer_name, kv_cache, slot_mapping) -> None:
+        """The tree rows' K/V stay where the stock kernel wrote them (CUDA layout)."""
+        self.in_cache[layer_name] = (kv_cache, slot_mapping)
 
     def kernel_meta(self, device: torch.device):
         """The branching trees as the CUDA kernel's TreeBatchMeta (built once a step)."""
@@ -119,3 +128,20 @@ def rewrite_accepted_kv(layers: dict, ctx: TreeAttentionContext, moves) -> None:
         index = torch.tensor(src, device=keys.device)
         dst_slots = slots[torch.tensor(dst, device=slots.device)]
         layer.impl.do_kv_cache_update(layer, keys[index], values[index], layer.kv_cache, dst_slots)
+    slot_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for kv_cache, slot_mapping in ctx.in_cache.values():
+        pair = slot_pairs.get(id(slot_mapping))
+        if pair is None:  # layers of one KV group share the step's slot mapping
+            rows = ctx.rows.to(slot_mapping.device)
+            pair = slot_pairs[id(slot_mapping)] = (
+                slot_mapping[rows[torch.tensor(src, device=rows.device)]].long(),
+                slot_mapping[rows[torch.tensor(dst, device=rows.device)]].long(),
+            )
+        move_slots(kv_cache, *pair)
+
+
+def move_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """kv_cache: [blocks, kv heads, page, 2 * head dim]; copy slot src[i] to dst[i] (all
+    sources are read before any destination is written)."""
+    page = kv_cache.shape[2]
+    kv_cache[dst // page, :, dst % page] = kv_cache[src // page, :, src % page]
