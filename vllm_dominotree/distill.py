@@ -81,20 +81,38 @@ WRITING_TEMPLATES = [
     "What are the pros and cons of {activity}? Answer in a short list.",
     "Write a haiku about {topic}.",
     "Plan a {a}-day trip for someone who likes {activity}. Keep it brief.",
+    "Pretend you are a {person}. Introduce yourself and describe your work.",
+    "Explain how {process} works, step by step, in simple words.",
+    "Write a short dialogue between a {person} and a {animal} about {topic}.",
+    "Summarize the main arguments for and against {debate}.",
+    "Suggest {a} creative names for a shop that sells {goods}, with one line each.",
+    "Write a limerick about a {adjective} {person}.",
 ]
-ADJECTIVES = ["curious", "tired", "brave", "tiny", "grumpy", "clever", "lonely", "cheerful"]
-ANIMALS = ["fox", "turtle", "owl", "otter", "goat", "whale", "sparrow", "hedgehog", "lizard"]
+ADJECTIVES = ["curious", "tired", "brave", "tiny", "grumpy", "clever", "lonely", "cheerful",
+              "forgetful", "stubborn", "gentle", "noisy"]  # fmt: skip
+ANIMALS = ["fox", "turtle", "owl", "otter", "goat", "whale", "sparrow", "hedgehog", "lizard",
+           "badger", "penguin", "squirrel"]  # fmt: skip
 GOALS = ["learn to sing", "cross the river", "find a lost key", "open a bakery",
-         "see the ocean", "win a race", "make a new friend", "build a boat"]  # fmt: skip
+         "see the ocean", "win a race", "make a new friend", "build a boat",
+         "climb a mountain", "write a book"]  # fmt: skip
 ACTIVITIES = ["learning to cook", "running in winter", "saving money", "gardening on a balcony",
               "studying for exams", "working from home", "painting with watercolors",
-              "keeping a journal", "learning a new language", "hiking with kids"]  # fmt: skip
+              "keeping a journal", "learning a new language", "hiking with kids",
+              "baking bread", "cycling to work", "bird watching", "playing chess"]  # fmt: skip
 THINGS = ["weather", "climate", "a virus", "bacteria", "a lake", "a sea", "speed", "velocity",
-          "a planet", "a star", "rent", "a mortgage", "memory", "storage"]  # fmt: skip
+          "a planet", "a star", "rent", "a mortgage", "memory", "storage", "a comet",
+          "an asteroid", "a law", "a rule"]  # fmt: skip
 PEOPLE = ["teacher", "neighbor", "landlord", "colleague", "nurse", "librarian", "baker",
-          "bus driver", "farmer", "software tester"]  # fmt: skip
+          "bus driver", "farmer", "software tester", "pilot", "museum guide"]  # fmt: skip
 TOPICS = ["a late delivery", "the autumn rain", "a broken window", "a team lunch",
-          "the first snow", "a noisy street", "a new schedule", "an old bicycle"]  # fmt: skip
+          "the first snow", "a noisy street", "a new schedule", "an old bicycle",
+          "a lost umbrella", "the city park"]  # fmt: skip
+PROCESSES = ["a rainbow forms", "bread rises", "a bicycle gear works", "a fridge keeps food "
+             "cold", "plants make food from light", "a compass finds north", "ice melts",
+             "a vaccine trains the body", "a search engine ranks pages"]  # fmt: skip
+DEBATES = ["school uniforms", "working four days a week", "banning cars in city centers",
+           "homework for young children", "paying with cash only"]  # fmt: skip
+GOODS = ["tea", "old maps", "houseplants", "bicycles", "handmade soap", "board games"]
 MODULES = ["json", "re", "math", "itertools", "functools", "collections", "pathlib", "string",
            "datetime", "random", "statistics", "textwrap", "heapq", "bisect", "fractions",
            "decimal", "csv", "difflib", "shutil", "os.path", "operator", "enum", "dataclasses",
@@ -129,7 +147,8 @@ def _prompt(rng: random.Random, pool: list[tuple[str, str, str]]) -> str:
     return rng.choice(WRITING_TEMPLATES).format(
         adjective=rng.choice(ADJECTIVES), animal=rng.choice(ANIMALS), goal=rng.choice(GOALS),
         activity=rng.choice(ACTIVITIES), thing=thing, other=other, person=rng.choice(PEOPLE),
-        topic=rng.choice(TOPICS), **numbers,
+        topic=rng.choice(TOPICS), process=rng.choice(PROCESSES), debate=rng.choice(DEBATES),
+        goods=rng.choice(GOODS), **numbers,
     )  # fmt: skip
 
 
