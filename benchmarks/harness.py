@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from vllm_dominotree.datasets import chat_token_ids, load_dataset
+from vllm_dominotree.server import sse_events
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -44,6 +45,13 @@ METHODS = {
     "conditional-16": {"method": "dominotree", "scorer": "conditional", "budget": 16},
     "conditional-32": {"method": "dominotree", "scorer": "conditional", "budget": 32},
 }
+
+
+def spec_counters(llm) -> tuple[float, float]:
+    """(verification rounds with drafts, accepted draft tokens) so far: vLLM's counters."""
+    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    return (values.get("vllm:spec_decode_num_drafts", 0.0),
+            values.get("vllm:spec_decode_num_accepted_tokens", 0.0))  # fmt: skip
 
 
 def speculative_config(method: str, args) -> dict | None:
@@ -67,9 +75,7 @@ class OfflineRunner:
         self.params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
 
     def counters(self) -> tuple[float, float]:
-        values = {m.name: m.value for m in self.llm.get_metrics() if hasattr(m, "value")}
-        return (values.get("vllm:spec_decode_num_drafts", 0.0),
-                values.get("vllm:spec_decode_num_accepted_tokens", 0.0))  # fmt: skip
+        return spec_counters(self.llm)
 
     def generate(self, messages: list[dict]) -> tuple[str, int, float]:
         """(text, decode tokens, decode seconds) of one greedy answer."""
@@ -116,10 +122,7 @@ class ServerRunner:
         with requests.post(f"{self.server.url}/v1/chat/completions", json=body, stream=True,
                            timeout=3600) as response:  # fmt: skip
             response.raise_for_status()
-            for line in response.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[len("data: ") :])
+            for event in sse_events(response):
                 if event.get("usage"):
                     tokens = event["usage"]["completion_tokens"]
                 for choice in event.get("choices", []):

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
+from harness import spec_counters  # benchmarks/ is this script's folder
 
 SHAPES = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
@@ -91,11 +91,6 @@ def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
     return {"method": "dominotree", "model": dirs["domino"], "scorer": method}
 
 
-def rounds_counter(llm) -> float:
-    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-    return values.get("vllm:spec_decode_num_drafts", 0.0)
-
-
 def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[float, float]:
     """(decode seconds of the batch, rounds per request) for `batch` random prompts."""
     from vllm import SamplingParams
@@ -104,9 +99,9 @@ def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[fl
     prompts = [{"prompt_token_ids": torch.randint(0, vocab - 1, (128,), generator=gen).tolist()}
                for _ in range(batch)]  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    before = rounds_counter(llm)
+    before = spec_counters(llm)[0]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    drafts = rounds_counter(llm) - before
+    drafts = spec_counters(llm)[0] - before
     first = min(o.metrics.first_token_ts for o in outputs)
     last = max(o.metrics.last_token_ts for o in outputs)
     rounds = drafts / batch if drafts else tokens - 1
@@ -182,7 +177,6 @@ def main() -> None:
     parser.add_argument("--models", type=Path, help="where the random models go (default: --out)")
     parser.add_argument("--enforce-eager", action="store_true")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
     dirs = write_models(args.models or args.out / "models", args.shape, device)

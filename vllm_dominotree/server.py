@@ -12,6 +12,7 @@ option shows vLLM's own message.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -35,6 +36,19 @@ def log_tail(path: Path, lines: int = 60) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as err:
         return f"<no log: {err}>"
+
+
+def sse_events(response: requests.Response):
+    """The JSON payloads of a server-sent-events stream, up to `data: [DONE]`."""
+    for line in response.iter_lines(decode_unicode=True):
+        if not line:
+            continue
+        if not line.startswith("data: "):
+            raise ValueError(f"not a server-sent event: {line!r}")
+        data = line[len("data: ") :]
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
 
 
 class ServerError(RuntimeError):

@@ -15,7 +15,7 @@ import time
 import pytest
 import requests
 
-from vllm_dominotree.server import ApiServer, ServerError, log_tail
+from vllm_dominotree.server import ApiServer, ServerError, log_tail, sse_events
 
 from .conftest import MAX_MODEL_LEN, greedy
 
@@ -48,20 +48,21 @@ class Server(ApiServer):
             **kwargs,
         )
 
+    def _completion(self, prompt, max_tokens: int, **body) -> requests.Response:
+        """A greedy completion that never stops early (ignore_eos)."""
+        request = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                   "temperature": 0, **body}  # fmt: skip
+        return self.post("/v1/completions", request, stream=bool(body.get("stream")))
+
     def complete(self, prompt, max_tokens: int = MAX_TOKENS, **body) -> dict:
-        response = self.post(
-            "/v1/completions",
-            {
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-                "temperature": 0,
-                "return_token_ids": True,
-                **body,
-            },
-        )
+        response = self._completion(prompt, max_tokens, return_token_ids=True, **body)
         assert response.status_code == 200, response.text
         return response.json()
+
+    def stream(self, prompt, max_tokens: int = MAX_TOKENS, **body) -> requests.Response:
+        response = self._completion(prompt, max_tokens, stream=True, **body)
+        assert response.status_code == 200, response.text
+        return response
 
 
 @pytest.fixture(scope="module", params=["conditional", "marginal", "chain"])
@@ -98,18 +99,6 @@ def _ids(tokenizer, text: str) -> list[int]:
     ids = tokenizer(text, add_special_tokens=True)["input_ids"]
     assert len(ids) == len(text), (text, ids)  # one token per character
     return ids
-
-
-def _sse_events(response: requests.Response):
-    """The JSON payloads of a server-sent-events stream, up to `data: [DONE]`."""
-    for line in response.iter_lines(decode_unicode=True):
-        if not line:
-            continue
-        assert line.startswith("data: "), line
-        data = line[len("data: ") :]
-        if data == "[DONE]":
-            return
-        yield json.loads(data)
 
 
 def test_completions_batch_matches_baseline(server, baseline, tokenizer):
@@ -181,23 +170,11 @@ def test_streaming_completion_matches_non_streamed(server, baseline, tokenizer):
     full = server.complete(text)["choices"][0]
     assert full["token_ids"] == want
 
-    response = server.post(
-        "/v1/completions",
-        {
-            "prompt": text,
-            "max_tokens": MAX_TOKENS,
-            "ignore_eos": True,
-            "temperature": 0,
-            "stream": True,
-            "return_token_ids": True,
-        },
-        stream=True,
-    )
-    assert response.status_code == 200, response.text
+    response = server.stream(text, return_token_ids=True)
     assert response.headers["content-type"].startswith("text/event-stream")
     pieces, token_ids, finish = [], [], []
     with response:
-        for event in _sse_events(response):
+        for event in sse_events(response):
             for choice in event["choices"]:
                 assert choice["index"] == 0
                 pieces.append(choice["text"])
@@ -234,19 +211,8 @@ def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
 def test_client_disconnect_mid_stream(server, baseline, tokenizer):
     text = "a"
     max_tokens = MAX_MODEL_LEN - len(text) - 1
-    response = server.post(
-        "/v1/completions",
-        {
-            "prompt": text,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "ignore_eos": True,
-        },
-        stream=True,
-    )
-    assert response.status_code == 200, response.text
-    events = _sse_events(response)
+    response = server.stream(text, max_tokens)
+    events = sse_events(response)
     first = [next(events) for _ in range(3)]
     request_id = first[0]["id"]
     assert all(not event["choices"][0].get("finish_reason") for event in first)

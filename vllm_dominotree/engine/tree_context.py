@@ -49,13 +49,10 @@ class TreeAttentionContext:
         self._base = {id(t): b for t, b in zip(self.trees, bases, strict=False)}
         self.branching = [t for t in self.trees if not t.is_chain]
         self._kernel_meta = None
-        self._device_rows: torch.Tensor | None = None
 
     def capture(self, layer_name, key, value, slot_mapping) -> None:
-        """Keep this layer's tree-row K/V and slots (index gathers copy: no clone)."""
-        if self._device_rows is None or self._device_rows.device != key.device:
-            self._device_rows = self.rows.to(key.device)  # once a step, not once a layer
-        rows = self._device_rows
+        """Keep this layer's tree-row K/V and slots (CPU; index gathers copy: no clone)."""
+        rows = self.rows
         self.captured[layer_name] = (key[rows], value[rows], slot_mapping[rows])
 
     def keep_cache(self, layer_name, kv_cache, slot_mapping) -> None:
