@@ -16,7 +16,6 @@ tree=$( (git ls-files; git ls-files --others --exclude-standard) | sort -u |
   while read -r f; do [ -f "$f" ] && stat -c %s "$f"; done | awk '{s += $1} END {print s + 0}')
 budget=$((limit - tree - limit / 32))  # .gpu/bin and a margin
 [ "$budget" -gt $((limit / 8)) ] || { echo "working tree too large to ship beside" >&2; exit 1; }
-grep -qx '/.ship/' .git/info/exclude || echo '/.ship/' >> .git/info/exclude
 rm -rf "$ship" && mkdir -p "$ship/stream"
 tar -cf - "$@" | split -b "$budget" -d -a 2 - "$ship/stream/"
 chunks=$(ls "$ship/stream" | wc -l)
