@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import torch
+from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.toy_pair import random_domino_head
-from vllm_dominotree.tree import ConditionalScorer, TreeShape, build_trees
+from vllm_dominotree.tree import TreeShape, build_trees, make_scorer
 
 HIDDEN, VOCAB, GRU, RANK, K = 2560, 151936, 1024, 256, 16
 
@@ -32,18 +33,9 @@ def sync(device: str) -> None:
 
 
 def measure(head, embed, device, batch, budget, candidates, graphs, rounds, inputs):
-    scorer = ConditionalScorer(
-        head,
-        embed,
-        max_requests=batch,
-        num_drafts=K,
-        budget=budget,
-        candidates=candidates,
-        max_children=budget,
-        prefix_len=1,
-        use_cuda_graphs=graphs,
-    )
     shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
+    scorer = make_scorer("conditional", head, embed, shape=shape, candidates=candidates,
+                         prefix_len=1, max_requests=batch, use_cuda_graphs=graphs)  # fmt: skip
     times, prepare_times, trees = [], [], []
     for i in range(rounds + 3):  # 3 warm-up rounds (graph capture happens there)
         hidden, base, anchors = inputs[i % len(inputs)]
@@ -121,33 +113,21 @@ def main() -> None:
         "dtype": str(dtype),
         "shapes": {"hidden": HIDDEN, "vocab": VOCAB, "gru": GRU, "rank": RANK, "drafts": K},
         "rounds": args.rounds,
-        "command": "python benchmarks/builder_bench.py "
-        + " ".join(
-            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items()
-            if k != "out"
-        ),
+        "command": command_line(),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "builder_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [
+    intro = [
         f"# Tree build time per round ({meta['device']}, {meta['dtype']}, torch {meta['torch']})",
         "",
         f"`{meta['command']}`; median of {args.rounds} rounds after 3 warm-up rounds. build =",
         "prepare (per-depth top-M and gathers) + heap loop; per pop = (build - prepare) / budget.",
-        "",
-        "| batch | budget | M | builder | build ms (median) | p90 | prepare ms | per pop us |"
-        " trees == eager |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch']} | {r['budget']} | {r['candidates']} | {r['builder']} | "
-            f"{r['build_ms_median']:.3f} | {r['build_ms_p90']:.3f} | "
-            f"{r['prepare_ms_median']:.3f} | {r['per_pop_us']:.1f} | "
-            f"{r.get('trees_equal_eager', '-')} |"
-        )
-    (args.out / "builder_bench.md").write_text("\n".join(lines) + "\n")
+    header = ["batch", "budget", "M", "builder", "build ms (median)", "p90", "prepare ms",
+              "per pop us", "trees == eager"]  # fmt: skip
+    table = [[r["batch"], r["budget"], r["candidates"], r["builder"],
+              f"{r['build_ms_median']:.3f}", f"{r['build_ms_p90']:.3f}",
+              f"{r['prepare_ms_median']:.3f}", f"{r['per_pop_us']:.1f}",
+              r.get("trees_equal_eager", "-")] for r in rows]  # fmt: skip
+    write_results(args.out, "builder_bench", {"meta": meta, "rows": rows}, header, table, intro)
 
 
 if __name__ == "__main__":

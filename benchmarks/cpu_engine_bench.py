@@ -20,6 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import spec_counters  # benchmarks/ is this script's folder
+from results_io import command_line, write_results
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 METHODS = {
@@ -35,14 +38,6 @@ def prompts(n: int) -> list[list[int]]:
     return [[(7 * i + 3 * j) % 63 for j in range(4 + 5 * i)] for i in range(n)]
 
 
-def counters(llm) -> dict[str, float]:
-    return {
-        m.name: m.value
-        for m in llm.get_metrics()
-        if m.name.startswith("vllm:spec_decode") and hasattr(m, "value")
-    }
-
-
 def run_method(name, options, dirs, args):
     from vllm import LLM, SamplingParams
 
@@ -52,7 +47,7 @@ def run_method(name, options, dirs, args):
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     batch = [{"prompt_token_ids": p} for p in prompts(args.prompts)]
     llm.generate(batch[:2], params, use_tqdm=False)  # warm-up
-    before = counters(llm)
+    before = spec_counters(llm)
     row = {"method": name}
     outputs = None
     for mode, groups in (("batch", [batch]), ("single", [[p] for p in batch])):
@@ -63,13 +58,7 @@ def run_method(name, options, dirs, args):
         outputs = outputs or result
         assert result == outputs, f"{name}: batch and single outputs differ"
         row[f"{mode}_tok_s"] = sum(map(len, result)) / seconds
-    after = counters(llm)
-    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
-        "vllm:spec_decode_num_drafts", 0
-    )
-    accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
-        "vllm:spec_decode_num_accepted_tokens", 0
-    )
+    drafts, accepted = (now - then for now, then in zip(spec_counters(llm), before, strict=True))
     row["accept_length"] = 1 + accepted / drafts if drafts else 1.0
     if spec is not None:
         row["tree_stats"] = llm.collective_rpc("dominotree_stats")[0]
@@ -105,29 +94,20 @@ def main() -> None:
     meta = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "pair": f"toy pair (PairSpec(noise={args.noise})), float32",
-        "command": f"python benchmarks/cpu_engine_bench.py --prompts {args.prompts} "
-        f"--max-tokens {args.max_tokens} --noise {args.noise}",
+        "command": command_line(),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu_engine_bench.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=1)
-    )
-    lines = [
+    intro = [
         f"# vLLM CPU engine, toy pair ({meta['machine']})",
         "",
         f"`{meta['command']}`: {args.prompts} prompts, {args.max_tokens} greedy tokens each;",
         "batch = all prompts in one generate call, single = one request at a time.",
-        "",
-        "| method | accept length | batch tok/s | speedup | single tok/s | speedup | == no-spec |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['method']} | {r['accept_length']:.2f} | {r['batch_tok_s']:.0f} | "
-            f"{r['batch_speedup']:.2f}x | {r['single_tok_s']:.0f} | {r['single_speedup']:.2f}x | "
-            f"{r['equals_no_spec']} |"
-        )
-    (args.out / "cpu_engine_bench.md").write_text("\n".join(lines) + "\n")
+    header = ["method", "accept length", "batch tok/s", "speedup", "single tok/s", "speedup",
+              "== no-spec"]  # fmt: skip
+    table = [[r["method"], f"{r['accept_length']:.2f}", f"{r['batch_tok_s']:.0f}",
+              f"{r['batch_speedup']:.2f}x", f"{r['single_tok_s']:.0f}",
+              f"{r['single_speedup']:.2f}x", r["equals_no_spec"]] for r in rows]  # fmt: skip
+    write_results(args.out, "cpu_engine_bench", {"meta": meta, "rows": rows}, header, table, intro)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import random
 import time
 from pathlib import Path
 
+from results_io import write_results  # benchmarks/ is this script's folder
+
 from vllm_dominotree.datasets import chat_token_ids, load_dataset
 from vllm_dominotree.server import sse_events
 
@@ -179,24 +181,55 @@ def throughput(records: list[dict]) -> float:
     return sum(r["tokens"] for r in records) / sum(r["seconds"] for r in records)
 
 
-def paired_bootstrap(method: list[dict], base: list[dict], samples: int = 2000,
+def paired_bootstrap(method: list[dict], base: list[dict], stat=throughput, samples: int = 2000,
                      seed: int = 0) -> tuple[float, float]:  # fmt: skip
-    """95% interval of throughput(method) / throughput(base), resampling prompts."""
+    """95% interval of stat(method) / stat(base), resampling prompts (the same picks
+    for both: prompt i of one method pairs with prompt i of the other)."""
     rng = random.Random(seed)
     n = len(method)
     ratios = []
     for _ in range(samples):
         picks = [rng.randrange(n) for _ in range(n)]
-        ratios.append(throughput([method[i] for i in picks]) / throughput([base[i] for i in picks]))
+        ratios.append(stat([method[i] for i in picks]) / stat([base[i] for i in picks]))
     ratios.sort()
     return ratios[int(0.025 * samples)], ratios[int(0.975 * samples) - 1]
 
 
+# The paper's head-to-head (Qwen3-4B): DominoTree over DDTree at budget 16, accept
+# length +15% and throughput +9%.
+PAPER_COMPARISON = ("conditional-16", "marginal")
+
+
+def pooled(per_dataset: dict[str, list[dict]]) -> list[dict]:
+    """All prompts of all sets, in one order that pairs them across methods."""
+    return [r for name in sorted(per_dataset) for r in per_dataset[name]]
+
+
+def compare(results: dict[str, dict[str, list[dict]]], method: str, other: str) -> dict | None:
+    """method over other on all prompts: accept-length and throughput ratios with
+    paired bootstrap 95% intervals."""
+    if method not in results or other not in results:
+        return None
+    mine, theirs = pooled(results[method]), pooled(results[other])
+    return {
+        "method": method,
+        "over": other,
+        "accept_length_ratio": accept_length(mine) / accept_length(theirs),
+        "accept_length_ci": paired_bootstrap(mine, theirs, accept_length),
+        "throughput_ratio": throughput(mine) / throughput(theirs),
+        "throughput_ci": paired_bootstrap(mine, theirs, throughput),
+    }
+
+
 def summarize(results: dict[str, dict[str, list[dict]]]) -> list[dict]:
+    """A row per method and set, and per method one over all sets when there are several."""
     rows = []
     base = results.get("no-spec")
     for method, per_dataset in results.items():
-        for name, records in per_dataset.items():
+        sets = dict(per_dataset)
+        if len(per_dataset) > 1:
+            sets["all"] = pooled(per_dataset)
+        for name, records in sets.items():
             row = {
                 "method": method,
                 "dataset": name,
@@ -205,8 +238,9 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> list[dict]:
                 "tok_s": throughput(records),
             }
             if base is not None:
-                row["speedup"] = row["tok_s"] / throughput(base[name])
-                row["speedup_ci"] = paired_bootstrap(records, base[name])
+                base_records = pooled(base) if name == "all" else base[name]
+                row["speedup"] = row["tok_s"] / throughput(base_records)
+                row["speedup_ci"] = paired_bootstrap(records, base_records)
             rows.append(row)
     return rows
 
@@ -217,7 +251,7 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    datasets = sorted({r["dataset"] for r in rows})
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))  # the sets, then "all"
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / len(methods)
@@ -238,30 +272,38 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
     axes[0].axhline(1.0, color="black", linewidth=0.8)
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(methods),
+               fontsize=8)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
 
 
 def report(results: dict[str, dict[str, list[dict]]], args) -> str:
     """Write harness.json, harness.md and harness.png for the methods run so far."""
     rows = summarize(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    command = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    (args.out / "harness.json").write_text(
-        json.dumps({"command": command, "rows": rows, "records": results}, indent=1)
-    )
-    lines = ["| dataset | method | prompts | accept length | decode tok/s | speedup (95% CI) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    table = []
     for r in rows:
         ci = r.get("speedup_ci")
         speed = f"{r['speedup']:.2f}x ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "-"
-        lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | "
-                     f"{r['accept_length']:.2f} | {r['tok_s']:.1f} | {speed} |")  # fmt: skip
-    table = "\n".join(lines) + "\n"
-    (args.out / "harness.md").write_text(table)
+        table.append([r["dataset"], r["method"], r["prompts"], f"{r['accept_length']:.2f}",
+                      f"{r['tok_s']:.1f}", speed])  # fmt: skip
+    header = ["dataset", "method", "prompts", "accept length", "decode tok/s",
+              "speedup (95% CI)"]  # fmt: skip
+    comparison = compare(results, *PAPER_COMPARISON)
+    payload = {"command": vars(args), "rows": rows, "comparison": comparison, "records": results}
+    outro = None
+    if comparison is not None:
+        (alo, ahi), (tlo, thi) = comparison["accept_length_ci"], comparison["throughput_ci"]
+        outro = [
+            "",
+            f"{comparison['method']} over {comparison['over']}, all prompts (paired bootstrap "
+            "95% CI; the paper, Qwen3-4B: accept length 1.15x, throughput 1.09x): accept "
+            f"length {comparison['accept_length_ratio']:.3f}x ({alo:.3f}-{ahi:.3f}), "
+            f"throughput {comparison['throughput_ratio']:.3f}x ({tlo:.3f}-{thi:.3f})",
+        ]
+    markdown = write_results(args.out, "harness", payload, header, table, outro=outro)
     plot(rows, args.out / "harness.png")
-    return table
+    return markdown
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from harness import spec_counters  # benchmarks/ is this script's folder
+from results_io import write_results
 
 SHAPES = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
@@ -147,13 +148,7 @@ def report(rows: list[dict], args) -> None:
             speedup = tau * ar[r["batch"]] / r["ms_per_round"]
             r["projection"] = {"paper_method": name, "paper_accept_length": tau,
                                "projected_speedup": speedup}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    command = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    (args.out / "round_cost.json").write_text(json.dumps({"command": command, "rows": rows},
-                                                         indent=1))  # fmt: skip
-    lines = ["| method | batch | ms/round | verify | accept | draft | build | rest | "
-             "projected speedup (paper tau) |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    table = []
     for r in rows:
         split = r.get("profiled_ms", {})
         cells = [f"{split[k]:.2f}" if k in split else "-"
@@ -161,9 +156,10 @@ def report(rows: list[dict], args) -> None:
         proj = r.get("projection")
         proj_cell = (f"{proj['projected_speedup']:.2f}x ({proj['paper_method']}, "
                      f"tau {proj['paper_accept_length']})") if proj else "-"  # fmt: skip
-        lines.append(f"| {r['method']} | {r['batch']} | {r['ms_per_round']:.2f} | "
-                     + " | ".join(cells) + f" | {proj_cell} |")  # fmt: skip
-    (args.out / "round_cost.md").write_text("\n".join(lines) + "\n")
+        table.append([r["method"], r["batch"], f"{r['ms_per_round']:.2f}", *cells, proj_cell])
+    header = ["method", "batch", "ms/round", "verify", "accept", "draft", "build", "rest",
+              "projected speedup (paper tau)"]  # fmt: skip
+    write_results(args.out, "round_cost", {"command": vars(args), "rows": rows}, header, table)
 
 
 def main() -> None:

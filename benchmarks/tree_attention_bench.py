@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import torch
+from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.kernels.tree_attention import TreeBatchMeta, tree_attention
 
@@ -69,23 +70,17 @@ def main() -> None:
                 us = time_us(lambda i=inputs, o=out: tree_attention(*i[:5], 0.088, o))
                 results.append({"batch": batch, "context": context, "rows": rows, "us": us})
                 print(json.dumps(results[-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "command": "python benchmarks/tree_attention_bench.py"}  # fmt: skip
-    (args.out / "tree_attention_bench.json").write_text(
-        json.dumps({"meta": meta, "rows": results}, indent=1)
-    )
-    lines = [
+            "command": command_line()}  # fmt: skip
+    intro = [
         f"# Tree-attention kernel per layer call ({meta['device']}, bf16)",
         "",
         "Qwen3-4B attention shapes (32 heads, 8 KV heads, head dim 128), pages of 16;",
         f"`{meta['command']}`; mean of 50 calls (CUDA events).",
-        "",
-        "| batch | context | tree rows | us per layer call |",
-        "|---|---|---|---|",
     ]
-    lines += [f"| {r['batch']} | {r['context']} | {r['rows']} | {r['us']:.1f} |" for r in results]
-    (args.out / "tree_attention_bench.md").write_text("\n".join(lines) + "\n")
+    table = [[r["batch"], r["context"], r["rows"], f"{r['us']:.1f}"] for r in results]
+    write_results(args.out, "tree_attention_bench", {"meta": meta, "rows": results},
+                  ["batch", "context", "tree rows", "us per layer call"], table, intro)  # fmt: skip
 
 
 if __name__ == "__main__":

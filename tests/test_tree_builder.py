@@ -11,7 +11,6 @@ from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.drafter.checkpoint import write_checkpoint
 from vllm_dominotree.toy_pair import PairSpec, drafter_config, drafter_tensors
 from vllm_dominotree.tree import (
-    ConditionalScorer,
     MarginalScorer,
     TreeShape,
     batch_trees,
@@ -44,16 +43,8 @@ def random_step(head, requests: int, seed: int):
 
 
 def conditional(head, embed, shape, candidates, requests, prefix_len=1):
-    return ConditionalScorer(
-        head,
-        embed,
-        max_requests=requests,
-        num_drafts=K,
-        budget=shape.budget,
-        candidates=candidates,
-        max_children=shape.max_children,
-        prefix_len=prefix_len,
-    )
+    return make_scorer("conditional", head, embed, shape=shape, candidates=candidates,
+                       prefix_len=prefix_len, max_requests=requests)  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -101,6 +101,15 @@ def _ids(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def _assert_still_serves(server, baseline, tokenizer, text: str) -> None:
+    """After a refused or abandoned request: the server answers the next one, greedily
+    and exactly as the baseline engine does."""
+    want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
+    choice = server.complete(text)["choices"][0]
+    assert choice["token_ids"] == want
+    assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True)
+
+
 def test_completions_batch_matches_baseline(server, baseline, tokenizer):
     prompt_ids = [_ids(tokenizer, text) for text in TEXT_PROMPTS]
     expected = greedy(baseline, prompt_ids, MAX_TOKENS)
@@ -200,12 +209,7 @@ def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
     assert "dominotree" in error["message"]
     assert error["code"] == 400
 
-    # The server is still up and serves the next request correctly.
-    text = "abc"
-    want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
-    choice = server.complete(text)["choices"][0]
-    assert choice["token_ids"] == want
-    assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True)
+    _assert_still_serves(server, baseline, tokenizer, "abc")
 
 
 def test_client_disconnect_mid_stream(server, baseline, tokenizer):
@@ -224,12 +228,7 @@ def test_client_disconnect_mid_stream(server, baseline, tokenizer):
         assert time.monotonic() < deadline, log_tail(server.log)
         time.sleep(0.2)
 
-    # ... and still answers a normal request with the right greedy output.
-    text = "Hello"
-    want = greedy(baseline, [_ids(tokenizer, text)], MAX_TOKENS)[0]
-    choice = server.complete(text)["choices"][0]
-    assert choice["token_ids"] == want
-    assert choice["text"] == tokenizer.decode(want, skip_special_tokens=True)
+    _assert_still_serves(server, baseline, tokenizer, "Hello")
 
 
 def test_server_speculates(server, baseline, tokenizer):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm_dominotree.toy_pair import random_domino_head
-from vllm_dominotree.tree import ConditionalScorer, TreeShape, build_trees
+from vllm_dominotree.tree import TreeShape, build_trees, make_scorer
 
 HIDDEN, VOCAB, GRU, RANK, K = 2560, 151936, 1024, 256, 16
 
@@ -41,20 +41,12 @@ def step_inputs(requests: int, seed: int):
 @pytest.mark.parametrize("budget, candidates", [(16, 64), (32, 128), (64, 32)])
 def test_graph_trees_equal_eager_trees(head, embed, requests, budget, candidates):
     shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
-    scorers = {
-        graphs: ConditionalScorer(
-            head,
-            embed,
-            max_requests=requests,
-            num_drafts=K,
-            budget=budget,
-            candidates=candidates,
-            max_children=budget,
-            prefix_len=1,
-            use_cuda_graphs=graphs,
-        )
-        for graphs in (False, True)
-    }
+
+    def scorer(graphs: bool):
+        return make_scorer("conditional", head, embed, shape=shape, candidates=candidates,
+                           prefix_len=1, max_requests=requests, use_cuda_graphs=graphs)  # fmt: skip
+
+    scorers = {graphs: scorer(graphs) for graphs in (False, True)}
     for seed in range(3):
         hidden, base, anchors = step_inputs(requests, seed)
         trees = {}

@@ -4,20 +4,16 @@
 from __future__ import annotations
 
 import vllm.v1.worker.cpu_worker as cpu_worker_module
-import vllm.v1.worker.gpu_model_runner as runner_module
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from ..patches.worker_classes import swapped
 from ..patches.worker_registrations import register_worker_overrides
-from .proposer import DominoTreeProposer
 from .runner import DominoTreeRunnerMixin, DominoTreeWorkerMixin
 
 
 class DominoTreeCPUModelRunner(DominoTreeRunnerMixin, CPUModelRunner):
-    def __init__(self, vllm_config, device):
-        with swapped(runner_module, "DFlashProposer", DominoTreeProposer):
-            super().__init__(vllm_config, device)
+    """The tree runner (runner.py) on vLLM's CPU model runner."""
 
 
 class DominoTreeCPUWorker(DominoTreeWorkerMixin, CPUWorker):

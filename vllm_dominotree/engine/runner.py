@@ -20,8 +20,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+import vllm.v1.worker.gpu_model_runner as gpu_model_runner
 from vllm.v1.outputs import SamplerOutput
 
+from ..patches.worker_classes import swapped
 from ..tree.acceptance import SamplingParams, draw_target_tokens
 from ..tree.builder import DraftTree
 from .profiling import StageClock
@@ -65,7 +67,8 @@ class DominoTreeRunnerMixin:
     """Mixed into vLLM's V1 GPUModelRunner / CPUModelRunner (cpu_worker.py, gpu_worker.py)."""
 
     def __init__(self, vllm_config, device):
-        super().__init__(vllm_config, device)
+        with swapped(gpu_model_runner, "DFlashProposer", DominoTreeProposer):
+            super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
         self.dominotree_stats = DominoTreeStats()
         self.stage_clock = self.drafter.clock = StageClock(self.device)

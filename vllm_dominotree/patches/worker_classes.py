@@ -2,9 +2,10 @@
 
 Why: `CPUWorker.init_device` builds `CPUModelRunner` and the V1 runner builds
 `DFlashProposer` for method "dflash", both by module-level name with no hook.
-How: while the DominoTree worker initialises, those module attributes point at the
-DominoTree classes; they are restored right after, so nothing else in the process sees
-the change.
+How: while the DominoTree CPU worker initialises its device (engine/cpu_worker.py) and
+while the tree runner initialises (engine/runner.py), those module attributes point at
+the DominoTree classes; they are restored right after, so nothing else in the process
+sees the change.
 Removal: when vLLM gives CPUWorker a `_make_model_runner` hook (the CUDA Worker has one)
 and the runner a proposer factory.
 """

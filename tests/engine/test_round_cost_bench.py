@@ -1,0 +1,50 @@
+"""benchmarks/round_cost_bench.py end to end on its tiny shape (CPU): every method runs in
+vLLM, the plugin's rounds are split into stages, and the projection uses the paper's
+accept lengths. Timings are not checked (this is a run of the benchmark, not of a
+machine); what is checked is that each number comes from what ran."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from round_cost_bench import PAPER_TAU  # noqa: E402
+
+METHODS = ["ar", "dflash", "chain", "marginal", "conditional"]
+BATCHES = [1, 2]
+TOKENS = 12
+
+
+def test_round_cost_bench_runs_every_method(tmp_path):
+    command = [sys.executable, str(ROOT / "benchmarks" / "round_cost_bench.py"),
+               "--out", str(tmp_path), "--shape", "tiny", "--batches", *map(str, BATCHES),
+               "--tokens", str(TOKENS), "--enforce-eager", "--methods", *METHODS]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    rows = json.loads((tmp_path / "round_cost.json").read_text())["rows"]
+    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for m in METHODS for b in BATCHES]
+    for r in rows:
+        assert r["ms_per_round"] > 0
+        if r["method"] == "ar":
+            assert r["rounds"] == TOKENS - 1 and r["accept_length"] == 1
+        else:
+            # Counted by vLLM: a round commits 1..block tokens, so rounds lie in between.
+            assert (TOKENS - 1) / 16 <= r["rounds"] <= TOKENS - 1, r
+        if r["method"] in ("chain", "marginal", "conditional"):
+            split = r["profiled_ms"]
+            assert set(split) == {"verify", "accept", "draft", "build", "rest"}
+            assert all(split[k] > 0 for k in ("verify", "draft", "build")), split
+        else:
+            assert "profiled_ms" not in r
+        if r["method"] in PAPER_TAU:
+            ar = next(a for a in rows if a["method"] == "ar" and a["batch"] == r["batch"])
+            tau = PAPER_TAU[r["method"]][1]
+            expected = tau * ar["ms_per_round"] / r["ms_per_round"]
+            assert abs(r["projection"]["projected_speedup"] - expected) < 1e-9
+    table = (tmp_path / "round_cost.md").read_text()
+    assert table.count("\n") == 2 + len(rows) and "DominoTree (16)" in table

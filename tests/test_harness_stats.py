@@ -1,0 +1,72 @@
+"""The harness's statistics on made-up records (no engine): the row over all sets, the
+paired bootstrap, and the head-to-head the paper reports (conditional over marginal)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+import harness
+
+
+def _records(tokens: list[int], seconds: list[float], drafts: list[int], accepted: list[int]):
+    return [{"tokens": t, "seconds": s, "drafts": d, "accepted": a}
+            for t, s, d, a in zip(tokens, seconds, drafts, accepted, strict=True)]  # fmt: skip
+
+
+def _results() -> dict[str, dict[str, list[dict]]]:
+    base = {"code": _records([100, 80, 120], [2.0, 2.5, 3.0], [0, 0, 0], [0, 0, 0]),
+            "math": _records([60, 90], [1.0, 2.0], [0, 0], [0, 0])}  # fmt: skip
+    # marginal: 1.5x no-spec on every prompt; conditional: 1.2x marginal on every prompt.
+    marginal = {name: [{**r, "seconds": r["seconds"] / 1.5, "drafts": 10, "accepted": 8}
+                       for r in records] for name, records in base.items()}  # fmt: skip
+    conditional = {name: [{**r, "seconds": r["seconds"] / 1.2, "accepted": 12} for r in records]
+                   for name, records in marginal.items()}  # fmt: skip
+    return {"no-spec": base, "marginal": marginal, "conditional-16": conditional}
+
+
+def test_the_row_over_all_sets_pools_every_prompt():
+    results = _results()
+    rows = {(r["method"], r["dataset"]): r for r in harness.summarize(results)}
+    everything = rows[("no-spec", "all")]
+    assert everything["prompts"] == 5
+    assert everything["tok_s"] == pytest.approx(450 / 10.5)
+    marginal = rows[("marginal", "all")]
+    assert marginal["accept_length"] == pytest.approx(1.8)
+    assert marginal["speedup"] == pytest.approx(1.5)
+    assert marginal["speedup_ci"] == pytest.approx((1.5, 1.5))  # the same ratio per prompt
+
+
+def test_a_single_set_gets_no_row_over_all():
+    results = {m: {"code": r["code"]} for m, r in _results().items()}
+    assert {r["dataset"] for r in harness.summarize(results)} == {"code"}
+
+
+def test_paired_bootstrap_resamples_prompts_in_pairs():
+    base = _records([100, 100, 100, 100], [1.0, 1.0, 1.0, 1.0], [0] * 4, [0] * 4)
+    # Prompt 0 is 3x faster, the rest unchanged: every resample's ratio lies between the
+    # per-prompt ratios (1 and 3), and the interval holds the overall one.
+    faster = [{**r, "seconds": r["seconds"] / (3.0 if i == 0 else 1.0)} for i, r in enumerate(base)]
+    low, high = harness.paired_bootstrap(faster, base)
+    assert 1.0 <= low < harness.throughput(faster) / harness.throughput(base) < high <= 3.0
+
+
+def test_the_head_to_head_is_written_beside_the_table(tmp_path):
+    results = _results()
+    comparison = harness.compare(results, *harness.PAPER_COMPARISON)
+    assert comparison["accept_length_ratio"] == pytest.approx(2.2 / 1.8)
+    assert comparison["throughput_ratio"] == pytest.approx(1.2)
+    assert comparison["throughput_ci"] == pytest.approx((1.2, 1.2))
+    assert harness.compare({"marginal": results["marginal"]}, *harness.PAPER_COMPARISON) is None
+
+    args = Namespace(out=tmp_path, target=Path("/t"), drafter=Path("/d"))
+    table = harness.report(results, args)
+    assert "conditional-16 over marginal" in table and "throughput 1.200x" in table
+    saved = json.loads((tmp_path / "harness.json").read_text())
+    assert saved["comparison"]["throughput_ratio"] == pytest.approx(1.2)
+    assert saved["command"]["target"] == "/t"
