@@ -157,7 +157,8 @@ class ServerRunner:
 
 
 def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[str, list[dict]]:
-    """Per dataset, one record per conversation: tokens, seconds, drafts, accepted."""
+    """Per dataset, one record per conversation: tokens, seconds, drafts, accepted (with
+    --profile also steps and STAGE_s, the seconds in each stage)."""
     from tqdm import tqdm
 
     runner = (ServerRunner if args.mode == "server" else OfflineRunner)(method, args)
