@@ -90,7 +90,7 @@ class OfflineRunner:
         values = {"drafts": drafts, "accepted": accepted}
         if self.profile:
             stats = self.llm.collective_rpc("dominotree_stats")[0]
-            values["steps"] = stats["steps"]
+            values |= {k: stats[k] for k in ("steps", "trees", "tree_leaves")}
             values |= {f"{stage}_s": t for stage, t in stats["stage_seconds"].items()}
         return values
 
@@ -158,7 +158,7 @@ class ServerRunner:
 
 def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[str, list[dict]]:
     """Per dataset, one record per conversation: tokens, seconds, drafts, accepted (with
-    --profile also steps and STAGE_s, the seconds in each stage)."""
+    --profile also steps, trees, tree_leaves and STAGE_s, the seconds in each stage)."""
     from tqdm import tqdm
 
     runner = (ServerRunner if args.mode == "server" else OfflineRunner)(method, args)
@@ -272,6 +272,8 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> list[dict]:
                 row["speedup_ci"] = paired_bootstrap(records, base_records)
             if (stages := stage_ms_per_step(records)) is not None:
                 row["stage_ms_per_step"] = stages
+                row["leaves_per_tree"] = (sum(r["tree_leaves"] for r in records)
+                                          / max(1, sum(r["trees"] for r in records)))  # fmt: skip
             rows.append(row)
     return rows
 
@@ -337,9 +339,10 @@ def report(results: dict[str, dict[str, list[dict]]], args) -> str:
         stages = ("verify", "accept", "draft", "build", "step")
         outro = (outro or []) + ["", "Stage clock (--profile), ms per verification step:", ""]
         outro += markdown_table(
-            ["dataset", "method", *stages],
+            ["dataset", "method", *stages, "leaves per tree"],
             [[r["dataset"], r["method"], *(f"{r['stage_ms_per_step'].get(k, 0.0):.2f}"
-                                           for k in stages)] for r in profiled],
+                                           for k in stages), f"{r['leaves_per_tree']:.2f}"]
+             for r in profiled],
         )  # fmt: skip
     markdown = write_results(args.out, "harness", payload, header, table, outro=outro)
     plot(rows, args.out / "harness.png")

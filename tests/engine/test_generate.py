@@ -40,9 +40,11 @@ def test_conditional_greedy_equals_the_target_alone(conditional, expected):
     assert trees > 0
     # Drafts that are often right: well above one token per verification.
     assert 1 + accepted / trees > 2.5
-    # A tree that quietly degraded to a chain would never accept a non-first child.
+    # A tree that quietly degraded to a chain would never accept a non-first child, and
+    # would have one leaf.
     assert after["sibling_accepts"] > before["sibling_accepts"]
     assert after["kv_moves"] > before["kv_moves"]
+    assert (after["tree_leaves"] - before["tree_leaves"]) / trees > 2.0
 
 
 def test_stage_profile_splits_the_step(conditional, expected):
@@ -67,6 +69,9 @@ def test_other_scorers_are_lossless(other_scorer, expected):
     assert stats["trees"] > 0 and stats["mean_accept_length"] > 1.5
     if scorer == "chain":
         assert stats["sibling_accepts"] == 0 and stats["kv_moves"] == 0
+        assert stats["mean_leaves"] == 1.0
+    else:  # a tree that quietly became a chain would show here
+        assert stats["mean_leaves"] > 2.0, stats
 
 
 def test_vllm_metrics_agree_with_the_runner(pair_dirs):

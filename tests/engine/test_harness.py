@@ -64,6 +64,7 @@ def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
     stages = tree["stage_ms_per_step"]
     assert set(stages) == {"verify", "accept", "draft", "build", "step"}
     assert sum(stages[k] for k in ("verify", "accept", "draft", "build")) < stages["step"]
+    assert tree["leaves_per_tree"] > 1.0
     table = harness.report(results, args)
     assert "conditional-16" in table and (args.out / "harness.md").read_text() == table
     assert "Stage clock" in table

@@ -41,10 +41,15 @@ class DominoTreeStats:
     accepted_tokens: int = 0  # drafted tokens accepted (bonus excluded)
     sibling_accepts: int = 0  # accepted nodes that were not their parent's first child
     kv_moves: int = 0  # accepted paths whose K/V had to move to the first slots
+    tree_leaves: int = 0  # leaves of the trees verified (a chain has one)
 
     @property
     def mean_accept_length(self) -> float:
         return 1 + self.accepted_tokens / max(1, self.trees)
+
+    @property
+    def mean_leaves(self) -> float:
+        return self.tree_leaves / max(1, self.trees)
 
 
 class DominoTreeWorkerMixin:
@@ -56,6 +61,7 @@ class DominoTreeWorkerMixin:
         stats = self.model_runner.dominotree_stats
         clock = self.model_runner.stage_clock
         return asdict(stats) | {"mean_accept_length": stats.mean_accept_length,
+                                "mean_leaves": stats.mean_leaves,
                                 "stage_seconds": dict(clock.seconds)}  # fmt: skip
 
     def dominotree_profile(self, enabled: bool) -> None:
@@ -201,6 +207,7 @@ class DominoTreeRunnerMixin:
         stats.accepted_tokens += len(result.path)
         kids = tree.tree.children
         stats.sibling_accepts += sum(kids[tree.parents[n]][0] != n for n in result.path)
+        stats.tree_leaves += sum(not node_kids for node_kids in kids)
 
     # 4. proposing ----------------------------------------------------------------------
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
