@@ -2,7 +2,7 @@
 and plain decoding, on random weights of a real shape.
 
     python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
-        [--batches 1 4 16 64] [--methods ar dflash chain marginal conditional] \\
+        [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain marginal conditional] \\
         [--tokens 64] [--enforce-eager]
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
@@ -14,22 +14,30 @@ token) / rounds, where rounds come from vLLM's spec-decode counters (AR: tokens 
 For the plugin's methods a second pass with the stage clock on (engine/profiling.py)
 splits a round into verify (target forward), accept, draft (drafter backbone), build
 (trees) and the rest (the stage clock's syncs make that pass slower; its split, not its
-total, is what it is for). The projection multiplies the paper's accept lengths
-(Qwen3-4B, 8 sets) by AR's step time over each method's round time: a projection,
-not a measurement. Writes round_cost.json and round_cost.md under --out after every
-method.
+total, is what it is for), and a third pass traces the worker's CUDA API calls
+(profiling.LaunchTrace): graph replays, eager kernel launches and host waits per step.
+The projection multiplies the paper's accept lengths (Qwen3-4B, 8 sets) by AR's step
+time over each method's round time: a projection, not a measurement.
+
+Every method runs in its own Python process with vLLM's defaults (the V2 runner and its
+graph modes for `ar` and `dflash`; `dflash-v1` is vLLM's DFlash on its V1 runner, which
+the plugin extends), so nothing one engine sets can reach another. Writes
+round_cost.json and round_cost.md under --out after every method.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 from harness import spec_counters  # benchmarks/ is this script's folder
-from results_io import write_results
+from results_io import command_line, write_results
 
 SHAPES = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
@@ -42,7 +50,8 @@ SHAPES = {
 BLOCK_SIZE = 16
 # Overall accept lengths of the paper's table (Qwen3-4B, T = 0): the method whose round
 # each one pays for.
-PAPER_TAU = {"dflash": ("DFlash", 6.25), "marginal": ("DDTree (16)", 7.03),
+PAPER_TAU = {"dflash": ("DFlash", 6.25), "dflash-v1": ("DFlash", 6.25),
+             "marginal": ("DDTree (16)", 7.03),
              "chain": ("Domino", 7.17), "conditional": ("DominoTree (16)", 7.98)}  # fmt: skip
 
 
@@ -86,7 +95,7 @@ def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
 def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
     if method == "ar":
         return None
-    if method == "dflash":
+    if method in ("dflash", "dflash-v1"):
         return {"method": "dflash", "model": dirs["dflash"],
                 "num_speculative_tokens": BLOCK_SIZE - 1}  # fmt: skip
     return {"method": "dominotree", "model": dirs["domino"], "scorer": method}
@@ -133,6 +142,14 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 split = {k: 1e3 * v / rounds for k, v in stages.items()}
                 split["rest"] = split.pop("step") - sum(split.values())
                 row["profiled_ms"] = split
+                llm.collective_rpc("dominotree_trace", args=(True,))
+                timed_batch(llm, batch, args.tokens, vocab, seed=2)
+                trace = llm.collective_rpc("dominotree_trace", args=(False,))[0]
+                steps = max(1, trace["steps"])
+                row["per_step"] = {k: trace[k] / steps for k in
+                                   ("graph_launches", "kernel_launches", "host_waits",
+                                    "memcpy_async")}  # fmt: skip
+                row["trace_calls"] = trace["calls"]
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -148,18 +165,32 @@ def report(rows: list[dict], args) -> None:
             speedup = tau * ar[r["batch"]] / r["ms_per_round"]
             r["projection"] = {"paper_method": name, "paper_accept_length": tau,
                                "projected_speedup": speedup}  # fmt: skip
+    dflash = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "dflash"}
     table = []
     for r in rows:
         split = r.get("profiled_ms", {})
         cells = [f"{split[k]:.2f}" if k in split else "-"
                  for k in ("verify", "accept", "draft", "build", "rest")]  # fmt: skip
+        step = r.get("per_step", {})
+        cells += [f"{step[k]:.1f}" if k in step else "-"
+                  for k in ("graph_launches", "kernel_launches", "host_waits")]  # fmt: skip
+        ratio = r["ms_per_round"] / dflash[r["batch"]] if r["batch"] in dflash else None
+        cells.append(f"{ratio:.2f}x" if ratio else "-")
         proj = r.get("projection")
         proj_cell = (f"{proj['projected_speedup']:.2f}x ({proj['paper_method']}, "
                      f"tau {proj['paper_accept_length']})") if proj else "-"  # fmt: skip
         table.append([r["method"], r["batch"], f"{r['ms_per_round']:.2f}", *cells, proj_cell])
     header = ["method", "batch", "ms/round", "verify", "accept", "draft", "build", "rest",
+              "graphs/step", "eager launches/step", "host waits/step", "vs dflash",
               "projected speedup (paper tau)"]  # fmt: skip
-    write_results(args.out, "round_cost", {"command": vars(args), "rows": rows}, header, table)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    intro = [f"# Round cost on {device}", "",
+             f"`{command_line()}`; random {args.shape}-shaped target and drafters, "
+             f"{args.tokens} tokens per request, ms per round (verify .. rest: the stage "
+             "clock's split, with syncs; graphs / eager launches / host waits per "
+             "verification step from a traced pass)."]  # fmt: skip
+    write_results(args.out, "round_cost", {"command": vars(args), "device": device,
+                                           "rows": rows}, header, table, intro)  # fmt: skip
 
 
 def main() -> None:
@@ -167,19 +198,33 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape", choices=list(SHAPES), default="qwen3-4b")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--methods", nargs="+", default=["ar", "dflash", "chain", "marginal",
-                                                         "conditional"])  # fmt: skip
+    parser.add_argument("--methods", nargs="+", default=["ar", "dflash", "dflash-v1", "chain",
+                                                         "marginal", "conditional"])  # fmt: skip
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--models", type=Path, help="where the random models go (default: --out)")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one method here
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    models = args.models or args.out / "models"
+    if args.one:  # a child process: one engine, its rows as JSON
+        dirs = json.loads((models / "dirs.json").read_text())
+        rows = run_method(args.one, dirs, args)
+        (args.out / f"rows-{args.one}.json").write_text(json.dumps(rows))
+        return
     started = time.perf_counter()
-    dirs = write_models(args.models or args.out / "models", args.shape, device)
+    # Writing the models touches CUDA in this process; its children start engines.
+    dirs = write_models(models, args.shape, "cuda" if torch.cuda.is_available() else "cpu")
+    (models / "dirs.json").write_text(json.dumps(dirs))
     print(f"models ready in {time.perf_counter() - started:.1f} s", flush=True)
     rows: list[dict] = []
     for method in args.methods:
-        rows += run_method(method, dirs, args)
+        env = dict(os.environ)
+        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        if method == "dflash-v1":
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        child = [sys.executable, __file__, "--one", method, *sys.argv[1:]]
+        subprocess.run(child, env=env, check=True)
+        rows += json.loads((args.out / f"rows-{method}.json").read_text())
         report(rows, args)
     print((args.out / "round_cost.md").read_text())
 

@@ -3,8 +3,9 @@
     python benchmarks/tree_attention_bench.py --out benchmarks/results
 
 32 query heads, 8 KV heads, head dim 128, bf16, pages of 16; per request a tree of
-`rows` rows (budget + root) after a committed context; CUDA-event timing of the kernel
-that recomputes every tree row. Writes tree_attention_bench.json / .md.
+`rows` rows (budget + root) after a committed context, all but two rows needing the
+fix; CUDA-event timing of the fix-up (one or two launches). Writes
+tree_attention_bench.json / .md.
 """
 
 from __future__ import annotations
@@ -13,36 +14,34 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
-from vllm_dominotree.kernels.tree_attention import TreeBatchMeta, tree_attention
+from vllm_dominotree.engine.tree_step import tree_bits
+from vllm_dominotree.kernels.tree_attention import TreeAttention
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 
 
 def case(batch: int, context: int, rows: int):
+    """Per request a `rows`-row tree (root + budget) of one root-to-leaf path and single
+    children hanging off the root: every row but the path's needs a fix."""
     pages = (context + rows + PAGE - 1) // PAGE
     block_table = torch.arange(batch * pages, dtype=torch.int32, device="cuda").view(batch, pages)
     cache = torch.randn(
         batch * pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16
     )
     query = torch.randn(batch * rows, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    # A chain-shaped mask: the kernel's work does not depend on the tree's shape.
-    mask = torch.tril(torch.ones(rows, rows, dtype=torch.int8, device="cuda"))
-    meta = TreeBatchMeta(
-        first_rows=torch.arange(0, batch * rows, rows, dtype=torch.int32, device="cuda"),
-        requests=torch.arange(batch, dtype=torch.int32, device="cuda"),
-        starts=torch.full((batch,), context, dtype=torch.int32, device="cuda"),
-        sizes=torch.full((batch,), rows, dtype=torch.int32, device="cuda"),
-        masks=mask.expand(batch, rows, rows).contiguous(),
-        rows=torch.arange(batch * rows, device="cuda"),
-        offsets=torch.arange(0, batch * rows, rows, dtype=torch.int32, device="cuda"),
-        row_trees=torch.arange(batch, dtype=torch.int32, device="cuda").repeat_interleave(rows),
-        max_size=rows,
-        max_seq_len=context + rows,
+    parents = np.array([[-1, *([0] * (rows - 1))]])  # a star: rows 2.. need the fix
+    ancestors, _, needs_fix = tree_bits(parents)
+    meta = (
+        torch.arange(0, batch * rows + 1, rows, dtype=torch.int32, device="cuda"),
+        torch.full((batch,), context + rows, dtype=torch.int32, device="cuda"),
+        torch.from_numpy(np.tile(ancestors[0], batch)).cuda(),
+        torch.from_numpy(np.tile(needs_fix[0], batch).astype(np.int64)).cuda(),
     )
-    return query, cache, cache, block_table, meta
+    return query, cache, cache, block_table, *meta
 
 
 def time_us(fn, repeats: int = 50) -> float:
@@ -67,7 +66,8 @@ def main() -> None:
             for rows in (17, 33):
                 inputs = case(batch, context, rows)
                 out = torch.empty_like(inputs[0])
-                us = time_us(lambda i=inputs, o=out: tree_attention(*i[:5], 0.088, o))
+                kernel = TreeAttention(HEADS, HEAD_DIM, rows, "cuda")
+                us = time_us(lambda i=inputs, o=out, k=kernel: k(*i, 0.088, o))
                 results.append({"batch": batch, "context": context, "rows": rows, "us": us})
                 print(json.dumps(results[-1]), flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -1,106 +1,90 @@
-"""Ancestor-only attention for draft-tree rows over a paged KV cache (Triton).
+"""Ancestor-only attention for draft-tree rows over a paged KV cache (Triton), graph-safe.
 
-vLLM's kernels run every verification row causally over the request's linear order;
-a tree row must instead see the committed prefix, its ancestors and itself. This kernel
-recomputes exactly the tree rows.
+vLLM's kernel has already run every row causally over its request's linear order. That
+is exactly right for a row whose ancestors are all the rows before it (a tree's root, a
+chain's rows); every other tree row must see the committed prefix, its ancestors and
+itself only, and this kernel recomputes those rows (`needs_fix`), leaving every other
+row's output bit for bit as the stock kernel wrote it.
 
-Work split (flash-decoding): a program takes one block of up to ROW_BLOCK rows of one
-tree, one KV head (all the query heads of its GQA group at once, so the query tile is
-ROW_BLOCK x GROUP rows for tl.dot) and one slice of the request's keys; slices are
-merged by log-sum-exp afterwards. When every tree's keys fit one slice (contexts up to
-SLICE tokens), the slice kernel writes the output itself: one launch per layer. Keys
-before the tree's root position are visible to every row; a key inside the tree is
-visible to row i iff the tree's mask says so.
+Everything a launch reads is on the device: the attention metadata's query_start_loc /
+seq_lens / block table, and the step's per-row ancestor bits and needs_fix flags
+(engine/tree_step.py), so a launch captured in a CUDA graph recomputes the right rows at
+every replay. The grid depends only on the batch's shape: one program per (request,
+KV head, key split); a request whose rows need no fix returns at once. With more than
+one split (small batches, to fill the GPU), partial results are merged by log-sum-exp
+in a second launch.
 
 Layout: key_cache / value_cache index as [block, slot in block, kv head, head dim]
-(vLLM's FlashAttention / Triton backends' NHD layout; any strides). A request's tree
-rows are consecutive query rows and sit at positions start .. start + size - 1 of the
-request's pages, like any token.
+(vLLM's FlashAttention / Triton backends; any strides). A request's rows are the query
+rows query_start[r] .. query_start[r + 1] - 1 at positions seq_len - rows .. seq_len - 1;
+its tree (if any) starts at its first row. Row j >= 1 of a tree is visible to row i iff
+bit j - 1 of i's ancestor bits is set; the root and the prefix are visible to all.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-ROW_BLOCK = 16  # tree rows per program
 KEY_TILE = 64  # keys per inner step
-SLICE = 512  # keys per program (a multiple of KEY_TILE)
-
-
-@dataclass
-class TreeBatchMeta:
-    """The trees of one forward (device tensors)."""
-
-    first_rows: torch.Tensor  # [B] int32: query row of each tree's root
-    requests: torch.Tensor  # [B] int32: block-table row
-    starts: torch.Tensor  # [B] int32: position of the root
-    sizes: torch.Tensor  # [B] int32: rows in the tree (root included)
-    masks: torch.Tensor  # [B, S, S] int8: masks[b, i, j] = 1 iff row j is visible to row i
-    rows: torch.Tensor  # [M = sum of sizes] long: every tree row (the rows written)
-    offsets: torch.Tensor  # [B] int32: index of each tree's root among the M tree rows
-    row_trees: torch.Tensor  # [M] int32: the tree of each of the M tree rows
-    max_size: int  # max of sizes (host int: it sizes the launch grid)
-    max_seq_len: int  # max of starts + sizes (host int)
+MAX_SPLITS = 16
 
 
 @triton.jit
-def _tree_attention_slices(
-    Q, K, V, BlockTable, FirstRows, Requests, Starts, Sizes, Masks, Offsets,
+def _tree_rows_attention(
+    Q, K, V, BlockTable, QueryStart, SeqLens, Ancestors, NeedsFix,
     PartAcc, PartMax, PartSum, Out,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_bt, stride_mb, stride_mi, stride_pa_s, stride_pa_t, stride_pa_h,
-    stride_pm_s, stride_pm_t, stride_ot, stride_oh, scale, row_blocks,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    ROW_BLOCK: tl.constexpr, KEY_TILE: tl.constexpr, SLICE: tl.constexpr,
-    DIRECT: tl.constexpr,
+    stride_bt, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ms, stride_mt,
+    scale, num_splits,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr, ROWS: tl.constexpr, KEY_TILE: tl.constexpr, DIRECT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
-    tree = tl.program_id(0) // row_blocks
-    row_block = tl.program_id(0) % row_blocks
+    req = tl.program_id(0)
     kv_head = tl.program_id(1)
-    key_slice = tl.program_id(2)
-    size = tl.load(Sizes + tree)
-    start = tl.load(Starts + tree)
-    seq_len = start + size
-    first_key = key_slice * SLICE
-    if row_block * ROW_BLOCK >= size or first_key >= seq_len:
-        return
-    request = tl.load(Requests + tree)
-    first_row = tl.load(FirstRows + tree)
-
-    # Query tile: (tree row, head in group) pairs, M = ROW_BLOCK * GROUP_PAD.
-    m_idx = tl.arange(0, ROW_BLOCK * GROUP_PAD)
-    tree_row = row_block * ROW_BLOCK + m_idx // GROUP_PAD
+    split = tl.program_id(2)
+    first_row = tl.load(QueryStart + req)
+    num_rows = tl.load(QueryStart + req + 1) - first_row
+    # Query tile: (row, head in group) pairs, M = ROWS * GROUP_PAD.
+    m_idx = tl.arange(0, ROWS * GROUP_PAD)
+    row = m_idx // GROUP_PAD
     group_head = m_idx % GROUP_PAD
-    m_ok = (tree_row < size) & (group_head < GROUP)
+    row_ok = row < num_rows
+    fix = tl.load(NeedsFix + first_row + row, mask=row_ok, other=0) != 0
+    if tl.max(fix.to(tl.int32), axis=0) == 0:
+        return
+    m_ok = row_ok & (group_head < GROUP)
+    seq_len = tl.load(SeqLens + req)
+    start = seq_len - num_rows  # position of the request's first row (its tree's root)
     head = kv_head * GROUP + group_head
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + (first_row + tree_row)[:, None] * stride_qt + head[:, None] * stride_qh
+    q = tl.load(Q + (first_row + row)[:, None] * stride_qt + head[:, None] * stride_qh
                 + dims[None, :], mask=m_ok[:, None], other=0.0)  # fmt: skip
+    ancestors = tl.load(Ancestors + first_row + row, mask=m_ok, other=0)
 
-    best = tl.full([ROW_BLOCK * GROUP_PAD], float("-inf"), tl.float32)
-    total = tl.zeros([ROW_BLOCK * GROUP_PAD], tl.float32)
-    acc = tl.zeros([ROW_BLOCK * GROUP_PAD, HEAD_DIM], tl.float32)
+    best = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
+    total = tl.zeros([ROWS * GROUP_PAD], tl.float32)
+    acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), KEY_TILE) * KEY_TILE
+    first_key = split * chunk
+    last_key = tl.minimum(first_key + chunk, seq_len)
     offsets = tl.arange(0, KEY_TILE)
-    last_key = tl.minimum(first_key + SLICE, seq_len)
     for tile in range(first_key, last_key, KEY_TILE):
         pos = tile + offsets
         key_ok = pos < last_key
-        block = tl.load(BlockTable + request * stride_bt + pos // PAGE, mask=key_ok, other=0)
+        block = tl.load(BlockTable + req * stride_bt + pos // PAGE, mask=key_ok, other=0)
         slot = pos % PAGE
         k_ptr = K + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
         v_ptr = V + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
         k = tl.load(k_ptr + dims[None, :], mask=key_ok[:, None], other=0.0)
         v = tl.load(v_ptr + dims[None, :], mask=key_ok[:, None], other=0.0)
-        in_tree = (pos >= start) & key_ok
-        flags = tl.load(Masks + tree * stride_mb + tree_row[:, None] * stride_mi
-                        + (pos - start)[None, :],
-                        mask=m_ok[:, None] & in_tree[None, :], other=0)  # fmt: skip
-        visible = ((pos < start) & key_ok)[None, :] | (flags != 0)
-        scores = tl.dot(q, tl.trans(k)) * scale
+        tree_index = pos - start  # <= 0: the prefix or the root, seen by every row
+        shift = tl.maximum(tree_index - 1, 0).to(tl.int64)
+        bit = (ancestors[:, None] >> shift[None, :]) & 1
+        visible = key_ok[None, :] & ((tree_index <= 0)[None, :] | (bit != 0))
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(visible, scores, float("-inf"))
         new_best = tl.maximum(best, tl.max(scores, axis=1))
         # Rows that have seen no visible key yet keep -inf; avoid inf - inf.
@@ -108,112 +92,137 @@ def _tree_attention_slices(
         weights = tl.exp(scores - shift[:, None])
         correction = tl.exp(best - shift)
         total = total * correction + tl.sum(weights, axis=1)
-        acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v)
+        acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
         best = new_best
-    if DIRECT:  # the only slice: normalize and write the rows' output
+    write = m_ok & fix
+    if DIRECT:  # the only split: normalize and write the rows' output
         out = acc / total[:, None]
-        tl.store(Out + (first_row + tree_row)[:, None] * stride_ot + head[:, None] * stride_oh
-                 + dims[None, :], out.to(Out.dtype.element_ty), mask=m_ok[:, None])  # fmt: skip
-        return
-    out_row = tl.load(Offsets + tree) + tree_row  # compact index among the tree rows
-    tl.store(PartAcc + key_slice * stride_pa_s + out_row[:, None] * stride_pa_t
-             + head[:, None] * stride_pa_h + dims[None, :], acc, mask=m_ok[:, None])  # fmt: skip
-    tl.store(PartMax + key_slice * stride_pm_s + out_row * stride_pm_t + head, best, mask=m_ok)
-    tl.store(PartSum + key_slice * stride_pm_s + out_row * stride_pm_t + head, total, mask=m_ok)
+        tl.store(Out + (first_row + row)[:, None] * stride_ot + head[:, None] * stride_oh
+                 + dims[None, :], out.to(Out.dtype.element_ty), mask=write[:, None])  # fmt: skip
+    else:  # an empty split stores (-inf, 0, 0), which the merge weighs as nothing
+        tl.store(PartAcc + split * stride_ps + (first_row + row)[:, None] * stride_pt
+                 + head[:, None] * stride_ph + dims[None, :], acc, mask=write[:, None])  # fmt: skip
+        tl.store(PartMax + split * stride_ms + (first_row + row) * stride_mt + head, best,
+                 mask=write)  # fmt: skip
+        tl.store(PartSum + split * stride_ms + (first_row + row) * stride_mt + head, total,
+                 mask=write)  # fmt: skip
 
 
 @triton.jit
-def _merge_slices(
-    PartAcc, PartMax, PartSum, Rows, RowTrees, Starts, Sizes, Out,
-    stride_pa_s, stride_pa_t, stride_pa_h, stride_pm_s, stride_pm_t, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, SLICE: tl.constexpr,
+def _merge_splits(
+    PartAcc, PartMax, PartSum, NeedsFix, Out,
+    stride_ps, stride_pt, stride_ph, stride_ms, stride_mt, stride_ot, stride_oh, num_splits,
+    HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
-    """Log-sum-exp merge of one tree row's key slices, for one head."""
-    m = tl.program_id(0)
+    """Log-sum-exp merge of one fixed row's key splits, for one head."""
+    row = tl.program_id(0)
     head = tl.program_id(1)
-    tree = tl.load(RowTrees + m)
-    num_slices = tl.cdiv(tl.load(Starts + tree) + tl.load(Sizes + tree), SLICE)
+    if tl.load(NeedsFix + row) == 0:
+        return
     dims = tl.arange(0, HEAD_DIM)
     best = float("-inf")
-    for s in range(0, num_slices):
-        best = tl.maximum(best, tl.load(PartMax + s * stride_pm_s + m * stride_pm_t + head))
+    for s in range(0, num_splits):
+        best = tl.maximum(best, tl.load(PartMax + s * stride_ms + row * stride_mt + head))
     total = 0.0
     acc = tl.zeros([HEAD_DIM], tl.float32)
-    for s in range(0, num_slices):
-        weight = tl.exp(tl.load(PartMax + s * stride_pm_s + m * stride_pm_t + head) - best)
-        total += weight * tl.load(PartSum + s * stride_pm_s + m * stride_pm_t + head)
-        acc += weight * tl.load(PartAcc + s * stride_pa_s + m * stride_pa_t + head * stride_pa_h
+    for s in range(0, num_splits):
+        weight = tl.exp(tl.load(PartMax + s * stride_ms + row * stride_mt + head) - best)
+        total += weight * tl.load(PartSum + s * stride_ms + row * stride_mt + head)
+        acc += weight * tl.load(PartAcc + s * stride_ps + row * stride_pt + head * stride_ph
                                 + dims)  # fmt: skip
-    row = tl.load(Rows + m)
-    tl.store(
-        Out + row * stride_ot + head * stride_oh + dims, (acc / total).to(Out.dtype.element_ty)
-    )
+    tl.store(Out + row * stride_ot + head * stride_oh + dims,
+             (acc / total).to(Out.dtype.element_ty))  # fmt: skip
 
 
-def tree_attention(
-    query: torch.Tensor,  # [T, H, D]
-    key_cache: torch.Tensor,  # [num_blocks, page, KVH, D]
-    value_cache: torch.Tensor,  # [num_blocks, page, KVH, D]
-    block_table: torch.Tensor,  # [R, max_blocks] int32
-    meta: TreeBatchMeta,
-    scale: float,
-    out: torch.Tensor,  # [T, H, D]: tree rows are overwritten, other rows untouched
-) -> None:
-    num_trees = meta.sizes.numel()
-    if num_trees == 0:
-        return
-    heads, head_dim = query.shape[1:]
-    kv_heads, page = key_cache.shape[2], key_cache.shape[1]
-    group = heads // kv_heads
-    group_pad = max(triton.next_power_of_2(group), 1)
-    row_blocks = triton.cdiv(meta.max_size, ROW_BLOCK)
-    slices = triton.cdiv(meta.max_seq_len, SLICE)
-    num_rows = meta.rows.numel()
-    direct = slices == 1
-    # Every (slice, tree row, head) the merge reads is written by the slice kernel.
-    part_shape = (0, 0, 0) if direct else (slices, num_rows, heads)
-    part_acc = torch.empty(*part_shape, head_dim, device=query.device)
-    part_max = torch.empty(part_shape, device=query.device)
-    part_sum = torch.empty(part_shape, device=query.device)
-    _tree_attention_slices[(num_trees * row_blocks, kv_heads, slices)](
-        query, key_cache, value_cache, block_table,
-        meta.first_rows, meta.requests, meta.starts, meta.sizes, meta.masks, meta.offsets,
-        part_acc, part_max, part_sum, out,
-        query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_table.stride(0), meta.masks.stride(0), meta.masks.stride(1),
-        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-        part_max.stride(0), part_max.stride(1), out.stride(0), out.stride(1), scale, row_blocks,
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, PAGE=page,
-        ROW_BLOCK=ROW_BLOCK, KEY_TILE=KEY_TILE, SLICE=SLICE, DIRECT=direct,
-    )  # fmt: skip
-    if direct:
-        return
-    _merge_slices[(num_rows, heads)](
-        part_acc, part_max, part_sum, meta.rows, meta.row_trees, meta.starts, meta.sizes, out,
-        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-        part_max.stride(0), part_max.stride(1), out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SLICE=SLICE,
-    )  # fmt: skip
+def num_splits_for(num_reqs: int, kv_heads: int, num_rows: int, capacity_rows: int) -> int:
+    """Key splits per request: enough programs to fill the GPU at small batches, within
+    the partial buffers (splits x rows <= capacity_rows). A function of the batch's
+    shape only, so it is fixed inside a captured graph."""
+    wanted = triton.cdiv(256, max(1, num_reqs * kv_heads))
+    return max(1, min(MAX_SPLITS, wanted, capacity_rows // max(1, num_rows)))
 
 
-def tree_attention_reference(query, key_cache, value_cache, block_table, meta, scale, out):
-    """Dense torch version (gather the pages, masked softmax): the kernel's oracle."""
+class TreeAttention:
+    """The kernels with their partial-result buffers, allocated once per geometry (the
+    addresses a captured graph keeps)."""
+
+    def __init__(self, num_heads: int, head_dim: int, rows_per_tree: int, device,
+                 capacity_rows: int = 4096):  # fmt: skip
+        self.rows_per_tree = triton.next_power_of_2(rows_per_tree)
+        self.capacity_rows = capacity_rows
+        self.part_acc = torch.empty(capacity_rows, num_heads, head_dim, device=device)
+        self.part_max = torch.empty(capacity_rows, num_heads, device=device)
+        self.part_sum = torch.empty(capacity_rows, num_heads, device=device)
+
+    def __call__(
+        self,
+        query: torch.Tensor,  # [T, H, D]
+        key_cache: torch.Tensor,  # [num_blocks, page, KVH, D]
+        value_cache: torch.Tensor,  # [num_blocks, page, KVH, D]
+        block_table: torch.Tensor,  # [R, max_blocks] int32
+        query_start: torch.Tensor,  # [R + 1] int32
+        seq_lens: torch.Tensor,  # [R] int32
+        ancestors: torch.Tensor,  # [>= T] int64
+        needs_fix: torch.Tensor,  # [>= T] int64
+        scale: float,
+        out: torch.Tensor,  # [T, H, D]: rows that need a fix are overwritten
+    ) -> None:
+        num_tokens, heads, head_dim = query.shape
+        num_reqs = seq_lens.shape[0]
+        kv_heads, page = key_cache.shape[2], key_cache.shape[1]
+        group = heads // kv_heads
+        splits = num_splits_for(num_reqs, kv_heads, num_tokens, self.capacity_rows)
+        direct = splits == 1
+        view = (splits, 0 if direct else num_tokens)  # the direct path writes no partials
+        used = view[0] * view[1]
+        part_acc = self.part_acc[:used].view(*view, heads, head_dim)
+        part_max = self.part_max[:used].view(*view, heads)
+        part_sum = self.part_sum[:used].view(*view, heads)
+        _tree_rows_attention[(num_reqs, kv_heads, splits)](
+            query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors,
+            needs_fix, part_acc, part_max, part_sum, out,
+            query.stride(0), query.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_table.stride(0), out.stride(0), out.stride(1),
+            part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+            part_max.stride(0), part_max.stride(1), scale, splits,
+            GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), HEAD_DIM=head_dim,
+            PAGE=page, ROWS=self.rows_per_tree, KEY_TILE=KEY_TILE, DIRECT=direct,
+            # float32 models compare bit for bit with the stock kernels: no TF32.
+            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        )  # fmt: skip
+        if direct:
+            return
+        _merge_splits[(num_tokens, heads)](
+            part_acc, part_max, part_sum, needs_fix, out,
+            part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+            part_max.stride(0), part_max.stride(1), out.stride(0), out.stride(1), splits,
+            HEAD_DIM=head_dim,
+        )  # fmt: skip
+
+
+def tree_attention_reference(query, key_cache, value_cache, block_table, query_start,
+                             seq_lens, ancestors, needs_fix, scale, out) -> None:  # fmt: skip
+    """Dense torch version (gather the pages, masked softmax) of the rows that need a
+    fix: the kernel's oracle."""
     group = query.shape[1] // key_cache.shape[2]
     page = key_cache.shape[1]
-    for b in range(meta.sizes.numel()):
-        first, req = int(meta.first_rows[b]), int(meta.requests[b])
-        start, size = int(meta.starts[b]), int(meta.sizes[b])
-        seq_len = start + size
-        pages = block_table[req, : (seq_len + page - 1) // page].long()
+    for r in range(seq_lens.numel()):
+        first, end = int(query_start[r]), int(query_start[r + 1])
+        rows = torch.arange(first, end, device=query.device)
+        fix = needs_fix[first:end].bool()
+        if not fix.any():
+            continue
+        seq_len, n = int(seq_lens[r]), end - first
+        start = seq_len - n
+        pages = block_table[r, : (seq_len + page - 1) // page].long()
         k = key_cache[pages].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
         v = value_cache[pages].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
-        visible = torch.ones(size, seq_len, dtype=torch.bool, device=query.device)
-        visible[:, start:] = meta.masks[b, :size, :size].bool()
-        q = query[first : first + size].float()  # [n, H, D]
-        scores = torch.einsum("nhd,lhd->nhl", q, k) * scale
+        visible = torch.ones(n, seq_len, dtype=torch.bool, device=query.device)
+        bits = ancestors[first:end, None] >> torch.arange(n - 1, device=query.device)[None, :]
+        visible[:, start + 1 :] = (bits & 1).bool()
+        scores = torch.einsum("nhd,lhd->nhl", query[first:end].float(), k) * scale
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
-        out[first : first + size] = torch.einsum("nhl,lhd->nhd", torch.softmax(scores, -1), v).to(
-            out.dtype
-        )
+        result = torch.einsum("nhl,lhd->nhd", torch.softmax(scores, -1), v).to(out.dtype)
+        out[rows[fix]] = result[fix]

@@ -1,5 +1,6 @@
-"""The Triton tree-attention kernel, run by Triton's interpreter on the CPU (the same
-kernel runs compiled on the H200 in tests/gpu)."""
+"""The Triton kernels, run by Triton's interpreter on the CPU (the same kernels run
+compiled on the H200 in tests/gpu): the tree-row fix-up against the dense reference,
+and the one-launch K/V move of accepted paths."""
 
 from __future__ import annotations
 
@@ -8,25 +9,53 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHECK = """
+ATTENTION = """
 import sys
 sys.path.insert(0, {tests!r})
 import torch
 from tree_attention_check import max_error
-# Long contexts take the slice + merge path, short ones (<= one slice) the direct one.
-for seed, context in [(0, 1100), (1, 1100), (2, 1100), (3, 300), (4, 60)]:
-    tree, other = max_error("cpu", torch.float32, seed, max_context=context)
-    print(seed, context, tree, other)
-    assert tree < 1e-4, (seed, tree)
+# capacity 4096: key splits + merge; capacity 8: one split, written directly.
+for seed, context, capacity in [(0, 1100, 4096), (1, 1100, 8), (2, 300, 4096), (3, 60, 8)]:
+    error, other, fixed = max_error("cpu", torch.float32, seed, capacity, max_context=context)
+    print(seed, context, capacity, error, other, fixed)
+    assert fixed > 0, seed
+    assert error < 1e-4, (seed, error)
     assert other == 0, (seed, other)
 print("ok")
 """
 
+MOVE = """
+import torch
+from vllm_dominotree.kernels.kv_move import PathKVMover
+page, blocks = 4, 8
+caches = [torch.randn(blocks, 2, page, 16) for _ in range(3)]  # [blocks, kv heads, page, 2D]
+before = [c.clone() for c in caches]
+# Three requests' rows in the forward, and their slots: request 0 accepts nodes at rows
+# 2, 3 (-> rows 1, 2), request 1 accepts row 1 (already in place), request 2 row 3 (-> 1).
+slots = torch.tensor([9, 10, 11, 12, 13, 20, 21, 22, 23, 3, 4, 5, 6])
+query_start = torch.tensor([0, 5, 9, 13], dtype=torch.int32)
+paths = torch.tensor([[2, 3, -1, -1], [1, -1, -1, -1], [3, -1, -1, -1]])
+PathKVMover(caches)(slots, query_start, paths, torch.tensor([2, 1, 1]))
+moves = {10: 11, 11: 12, 4: 6}
+for cache, old in zip(caches, before):
+    for s in range(blocks * page):
+        want = old[moves.get(s, s) // page, :, moves.get(s, s) % page]
+        assert torch.equal(cache[s // page, :, s % page], want), s
+print("ok")
+"""
 
-def test_kernel_matches_dense_reference_in_the_interpreter():
+
+def _interpret(code: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = CHECK.format(tests=str(Path(__file__).parent))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_tree_rows_match_dense_reference_and_other_rows_are_untouched():
+    _interpret(ATTENTION.format(tests=str(Path(__file__).parent)))
+
+
+def test_accepted_paths_move_to_the_rows_after_their_roots():
+    _interpret(MOVE)

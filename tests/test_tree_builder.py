@@ -139,6 +139,11 @@ def test_chain_equals_released_domino_decode(head):
     )
     scorer.prepare(hidden, base)
     trees = build_trees(scorer, anchors, shape)
+    # The engine's unrolled chain (one host copy at the end) builds the very same trees.
+    unrolled = scorer.chains(torch.tensor(anchors))
+    assert [(t.tokens, t.parents, t.scores) for t in unrolled] == [
+        (t.tokens, t.parents, t.scores) for t in trees
+    ]
     for r, tree in enumerate(trees):
         drafts = [int(base[r, 0].argmax())]
         state = head.gru_step(embed[drafts[0]][None], head.initial_state(embed[anchors[r]][None]))
@@ -148,6 +153,17 @@ def test_chain_equals_released_domino_decode(head):
             state = head.gru_step(embed[drafts[-1]][None], state)
         assert tree.parents == list(range(-1, K))
         assert tree.tokens[1:] == drafts
+
+
+def test_marginal_chain_is_the_marginal_argmax(head):
+    shape = TreeShape(budget=K, max_depth=K, max_children=1)
+    hidden, base, embed, anchors = random_step(head, 3, seed=5)
+    scorer = make_scorer("marginal", None, embed, shape=shape, candidates=4, prefix_len=1,
+                         max_requests=3)  # fmt: skip
+    scorer.prepare(hidden, base)
+    chains = scorer.chains(torch.tensor(anchors))
+    assert [t.tokens for t in chains] == [t.tokens for t in build_trees(scorer, anchors, shape)]
+    assert [t.tokens[1:] for t in chains] == base.argmax(-1).tolist()
 
 
 def test_marginal_tree_is_path_independent(head):

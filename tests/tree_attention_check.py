@@ -3,78 +3,65 @@ against the dense reference (used by the CPU interpreter test and tests/gpu)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from vllm_dominotree.kernels.tree_attention import (
-    TreeBatchMeta,
-    tree_attention,
-    tree_attention_reference,
-)
+from vllm_dominotree.engine.tree_step import tree_bits
+from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
 
 
-def random_tree_masks(sizes: list[int], gen: torch.Generator) -> torch.Tensor:
-    """[B, S, S] int8 ancestor-or-self masks of random trees (topological order)."""
-    width = max(sizes)
-    masks = torch.zeros(len(sizes), width, width, dtype=torch.int8)
-    for b, n in enumerate(sizes):
-        for i in range(n):
-            masks[b, i, i] = 1
-            if i:
-                masks[b, i] |= masks[b, int(torch.randint(0, i, (1,), generator=gen))]
-    return masks
-
-
-def random_case(device, dtype, seed, heads=8, kv_heads=2, head_dim=64, page=16, trees=3,
-                max_context=1100, max_size=40):  # fmt: skip
-    """Per request a committed prefix of random length and a random tree right after it;
-    the trees' rows are consecutive query rows, with non-tree rows between them; the
-    requests' pages are scattered over the cache."""
+def random_case(device, dtype, seed, requests=4, heads=8, kv_heads=2, head_dim=64, page=16,
+                max_context=1100, max_rows=17):  # fmt: skip
+    """Per request a committed prefix of random length and a random tree of up to
+    max_rows rows right after it (the first request is a plain decode row); the
+    requests' pages are scattered over the cache. Returns the kernel's arguments."""
     gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, max_context, (trees,), generator=gen)
-    sizes = torch.randint(1, max_size + 1, (trees,), generator=gen)
-    max_blocks = int(((starts + sizes).max() + page - 1) // page)
-    num_blocks = trees * max_blocks + 3
-    perm = torch.randperm(num_blocks, generator=gen)[: trees * max_blocks]
-    block_table = perm.view(trees, max_blocks).to(torch.int32)
+
+    def ints(high, low=0):
+        return int(torch.randint(low, high, (1,), generator=gen))
+
+    rows = [1] + [ints(max_rows + 1, 1) for _ in range(requests - 1)]
+    seq_lens = [ints(max_context) + n for n in rows]
+    max_blocks = max((s + page - 1) // page for s in seq_lens)
+    num_blocks = requests * max_blocks + 3
+    perm = torch.randperm(num_blocks, generator=gen)[: requests * max_blocks]
+    block_table = perm.view(requests, max_blocks).to(torch.int32)
     key_cache = torch.randn(num_blocks, page, kv_heads, head_dim, generator=gen)
     value_cache = torch.randn(num_blocks, page, kv_heads, head_dim, generator=gen)
-    first_rows, next_row = [], 3
-    for n in sizes.tolist():
-        first_rows.append(next_row)
-        next_row += n + 2  # two non-tree rows after each tree
-    query = torch.randn(next_row, heads, head_dim, generator=gen)
-    rows = torch.cat([torch.arange(f, f + n) for f, n in zip(first_rows, sizes.tolist(),
-                                                             strict=True)])  # fmt: skip
+    num_tokens = sum(rows)
+    query = torch.randn(num_tokens, heads, head_dim, generator=gen)
+    query_start = torch.tensor([0, *np.cumsum(rows)], dtype=torch.int32)
+    ancestors = torch.zeros(num_tokens, dtype=torch.int64)
+    needs_fix = torch.zeros(num_tokens, dtype=torch.int64)
+    for r, n in enumerate(rows):
+        parents = np.array([[-1] + [ints(i) for i in range(1, n)]])
+        bits, _, fix = tree_bits(parents)
+        span = slice(int(query_start[r]), int(query_start[r + 1]))
+        ancestors[span] = torch.from_numpy(bits[0])
+        needs_fix[span] = torch.from_numpy(fix[0].astype(np.int64))
 
     def on(t, dt=None):
         return t.to(device=device, dtype=dt or t.dtype)
 
-    meta = TreeBatchMeta(
-        first_rows=on(torch.tensor(first_rows, dtype=torch.int32)),
-        requests=on(torch.arange(trees, dtype=torch.int32)),
-        starts=on(starts.to(torch.int32)),
-        sizes=on(sizes.to(torch.int32)),
-        masks=on(random_tree_masks(sizes.tolist(), gen)),
-        rows=on(rows),
-        offsets=on((torch.cumsum(sizes, 0) - sizes).to(torch.int32)),
-        row_trees=on(torch.repeat_interleave(torch.arange(trees), sizes).to(torch.int32)),
-        max_size=int(sizes.max()),
-        max_seq_len=int((starts + sizes).max()),
-    )
-    return (on(query, dtype), on(key_cache, dtype), on(value_cache, dtype),
-            on(block_table), meta)  # fmt: skip
+    return (on(query, dtype), on(key_cache, dtype), on(value_cache, dtype), on(block_table),
+            on(query_start), on(torch.tensor(seq_lens, dtype=torch.int32)), on(ancestors),
+            on(needs_fix))  # fmt: skip
 
 
-def max_error(device: str, dtype: torch.dtype, seed: int, **shape) -> tuple[float, float]:
-    """(max |kernel - reference| on tree rows, max change on the other rows)."""
-    query, key_cache, value_cache, block_table, meta = random_case(device, dtype, seed, **shape)
+def max_error(device: str, dtype: torch.dtype, seed: int, capacity_rows: int = 4096,
+              **shape) -> tuple[float, float, int]:  # fmt: skip
+    """(max |kernel - reference| on the rows that need a fix, max change on the other rows,
+    number of fixed rows). capacity_rows below the batch's rows forces the one-split path."""
+    args = random_case(device, dtype, seed, **shape)
+    query, needs_fix = args[0], args[-1]
     scale = query.shape[-1] ** -0.5
     sentinel = torch.full_like(query, 7.0)
     got, want = sentinel.clone(), sentinel.clone()
-    tree_attention(query, key_cache, value_cache, block_table, meta, scale, got)
-    tree_attention_reference(query, key_cache, value_cache, block_table, meta, scale, want)
-    other = torch.ones(query.shape[0], dtype=torch.bool, device=query.device)
-    other[meta.rows] = False
-    tree_error = (got[meta.rows].float() - want[meta.rows].float()).abs().max().item()
-    untouched = (got[other] - sentinel[other]).abs().max().item()
-    return tree_error, untouched
+    kernel = TreeAttention(query.shape[1], query.shape[2], shape.get("max_rows", 17),
+                           query.device, capacity_rows=capacity_rows)  # fmt: skip
+    kernel(*args, scale, got)
+    tree_attention_reference(*args, scale, want)
+    fixed = needs_fix.bool()
+    error = (got[fixed].float() - want[fixed].float()).abs().max().item()
+    untouched = (got[~fixed] - sentinel[~fixed]).abs().max().item()
+    return error, untouched, int(fixed.sum())

@@ -7,9 +7,10 @@ DFlash chain on the same prompts. Two pairs:
 - toy: the toy target with context-dependent attention, and equally good toy drafters
   (a plain DFlash checkpoint for vLLM's "dflash", the Domino one for DominoTree);
 - smollm2: SmolLM2-135M-Instruct (a real model, with real near-ties) and the shipped
-  drafter; vLLM's "dflash" gets its backbone without the Domino head. Both verify 16-17
-  rows per request and step. Needs DOMINOTREE_SMOLLM2 = a converted SmolLM2 folder
-  (scripts/gpu_jobs.sh sets it).
+  drafter; vLLM's "dflash" gets its backbone without the Domino head. Needs
+  DOMINOTREE_SMOLLM2 = a converted SmolLM2 folder (scripts/gpu_jobs.sh sets it).
+Like for like: DominoTree's budget is DFlash's draft count, so both verify the same
+number of rows per request and step (the same matmul shapes and kernel choices).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from vllm_dominotree.drafter.checkpoint import load_tensors, write_checkpoint
 from vllm_dominotree.smollm2 import DRAFTER_DIR
 from vllm_dominotree.toy_pair import PairSpec, write_drafter, write_pair
 
-NUM_PROMPTS = 48
+NUM_PROMPTS = 100
 MAX_TOKENS = 128
 
 
@@ -98,7 +99,8 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair):
     runs = {
         "dflash": generate(pair, {"method": "dflash", "model": pair["dflash"],
                                   "num_speculative_tokens": pair["num_drafts"]}),
-        "dominotree": generate(pair, {"method": "dominotree", "model": pair["domino"]}),
+        "dominotree": generate(pair, {"method": "dominotree", "model": pair["domino"],
+                                      "budget": pair["num_drafts"]}),
     }  # fmt: skip
     diverged = {}
     for name, outputs in runs.items():

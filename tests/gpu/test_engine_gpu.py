@@ -1,5 +1,7 @@
 """DominoTree in a real vLLM engine on CUDA: greedy output equals the engine without
-speculation (float32 toy pair whose target depends on its context)."""
+speculation (float32 toy pair whose target depends on its context), with the target's
+verification inside vLLM's FULL CUDA graphs, through piecewise graphs in mixed
+prefill/decode batches, and eagerly."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from vllm_dominotree.toy_pair import PairSpec, write_pair
 
 PROMPTS = [[5], [40, 41], [5, 9, 12, 3], list(range(10, 30)), [i % 60 for i in range(3, 120, 3)],
            [7] * 27, [1, 2, 3, 4, 5, 6, 7], [30, 31, 32, 33, 34, 35]]  # fmt: skip
+# Long prompts beside short ones, with a small token budget per step: prefill chunks
+# share steps with other requests' trees (mixed batches run piecewise).
+MIXED = [*PROMPTS, [(7 * i) % 61 for i in range(150)], [(3 * i + 1) % 59 for i in range(200)]]
 
 
 @pytest.fixture(scope="module")
@@ -18,20 +23,14 @@ def dirs(tmp_path_factory):
     return write_pair(tmp_path_factory.mktemp("gpu-pair"), PairSpec(noise=0.8, context=1.4))
 
 
-def generate(dirs, speculative_config, **kwargs):
+def generate(dirs, speculative_config, prompts=PROMPTS, **kwargs):
     from vllm import LLM, SamplingParams
 
-    llm = LLM(
-        model=str(dirs[0]),
-        dtype="float32",
-        max_model_len=512,
-        seed=0,
-        gpu_memory_utilization=0.3,
-        speculative_config=speculative_config,
-        **kwargs,
-    )
+    llm = LLM(model=str(dirs[0]), dtype="float32", max_model_len=512, seed=0,
+              gpu_memory_utilization=0.25, max_num_seqs=16,
+              speculative_config=speculative_config, **kwargs)  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     stats = llm.collective_rpc("dominotree_stats")[0] if speculative_config else None
     llm.llm_engine.engine_core.shutdown()
@@ -42,21 +41,37 @@ def generate(dirs, speculative_config, **kwargs):
 
 @pytest.fixture(scope="module")
 def expected(dirs):
-    return generate(dirs, None, enforce_eager=True)[0]
+    return generate(dirs, None, prompts=MIXED, enforce_eager=True)[0]
 
 
-@pytest.mark.parametrize("scorer", ["conditional", "marginal"])
-def test_greedy_equals_no_speculation(dirs, expected, scorer):
+@pytest.mark.parametrize("scorer", ["conditional", "marginal", "chain"])
+def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
     config = {"method": "dominotree", "model": str(dirs[1]), "scorer": scorer}
-    tokens, stats = generate(dirs, config, enforce_eager=True)
-    assert tokens == expected
-    assert stats["trees"] > 0 and stats["kv_moves"] > 0
-    print(scorer, stats)
-
-
-def test_greedy_with_piecewise_cuda_graphs(dirs, expected):
-    config = {"method": "dominotree", "model": str(dirs[1])}
     tokens, stats = generate(dirs, config)
+    print(scorer, stats)
+    assert tokens == expected[: len(PROMPTS)]
+    assert stats["trees"] > 0
+    # Decode steps are uniform batches: vLLM replays one FULL graph for them.
+    assert stats["full_graph_steps"] > 0.8 * stats["steps"]
+    if scorer == "chain":
+        assert stats["sibling_accepts"] == 0 and stats["mean_leaves"] == 1
+    else:
+        assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
+        assert stats["mean_leaves"] > 2
+
+
+def test_mixed_prefill_and_trees_piecewise(dirs, expected):
+    config = {"method": "dominotree", "model": str(dirs[1])}
+    tokens, stats = generate(dirs, config, prompts=MIXED, max_num_batched_tokens=96,
+                             enable_chunked_prefill=True)  # fmt: skip
+    print("mixed", stats)
     assert tokens == expected
-    assert stats["trees"] > 0 and stats["sibling_accepts"] > 0
-    print("graphs", stats)
+    assert stats["piecewise_steps"] > 0 and stats["full_graph_steps"] > 0
+    assert stats["sibling_accepts"] > 0
+
+
+def test_greedy_eager(dirs, expected):
+    config = {"method": "dominotree", "model": str(dirs[1])}
+    tokens, stats = generate(dirs, config, enforce_eager=True)
+    assert tokens == expected[: len(PROMPTS)]
+    assert stats["eager_steps"] == stats["steps"] > 0 and stats["kv_moves"] > 0

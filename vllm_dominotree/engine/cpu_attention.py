@@ -6,7 +6,11 @@ start .. start + depth; the canonical slots are restored at the end. Reusing the
 keeps every ISA-specific cache layout, sliding window and soft cap it supports; the cost
 is one kernel call per leaf. What the calls need besides the layer's own tensors (row
 indices, slots, lengths, the kernel's schedule) is the same for every layer of a step,
-so it is built once per step (`_PathCall`) and kept in the step's tree context.
+so it is built once per step (`_PathCall`).
+
+The CPU cache layout depends on the ISA, so accepted paths are not moved slot to slot
+inside it: the backend keeps a copy of the step's K/V rows per layer (`captured_kv`),
+which commit.py rewrites into the path's new slots with the backend's own writer.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from vllm import envs
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from .tree_context import active_context
+from .commit import captured_kv
+from .tree_step import PAD_PARENT, TreeRows, installed
 
 
 def _leaf_paths(parents: list[int]) -> list[tuple[list[int], int]]:
@@ -28,11 +33,13 @@ def _leaf_paths(parents: list[int]) -> list[tuple[list[int], int]]:
     n = len(parents)
     has_child = [False] * n
     for p in parents[1:]:
-        has_child[p] = True
+        if p >= 0:
+            has_child[p] = True
     done = [False] * n
     out = []
     for leaf in range(n):
-        if has_child[leaf]:
+        # Padding rows are never accepted: their causal output is left as it is.
+        if has_child[leaf] or parents[leaf] == PAD_PARENT:
             continue
         path, node = [], leaf
         while node >= 0:
@@ -58,20 +65,29 @@ class _PathCall:
     schedule: torch.Tensor
 
 
+# The kernel calls of the current step's paths (step, then per geometry and tree).
+_path_calls: dict = {"step": None}
+
+
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
         out = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
-        ctx = active_context()
-        if ctx is None or attn_metadata is None or layer.layer_name not in ctx.layer_names:
+        verification = installed()
+        step = verification.step if verification is not None else None
+        if step is None or attn_metadata is None or layer.layer_name not in verification.layers:
             return out
         if self.attn_type != AttentionType.DECODER or self.alibi_slopes is not None:
             raise NotImplementedError(
                 "dominotree: tree verification supports decoder self-attention without ALiBi"
             )
-        ctx.capture(layer.layer_name, key, value, attn_metadata.slot_mapping)
-        for tree in ctx.branching:
+        rows = step.num_tokens
+        captured_kv[layer.layer_name] = (key[:rows].clone(), value[:rows].clone())
+        if _path_calls["step"] is not step:
+            _path_calls.clear()
+            _path_calls["step"] = step
+        for tree in step.branching:
             self._tree_rows_by_paths(layer, query, key, value, kv_cache, attn_metadata,
-                                     output, ctx, tree)  # fmt: skip
+                                     output, tree)  # fmt: skip
         return out
 
     def _cache_write(self, layer, key, value, key_cache, value_cache, slots) -> None:
@@ -81,8 +97,8 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             kv_cache_dtype=self.kv_cache_dtype,
         )  # fmt: skip
 
-    def _path_calls(self, layer, md, tree, dtype: torch.dtype) -> list[_PathCall]:
-        s = tree.row_start
+    def _calls(self, layer, md, tree: TreeRows, dtype: torch.dtype) -> list[_PathCall]:
+        s = tree.token_row
         calls = []
         for path, first_new in _leaf_paths(tree.parents):
             rows = torch.tensor(path, dtype=torch.long) + s
@@ -101,16 +117,16 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             calls.append(_PathCall(rows, slots, new_rows, query_start, seq_len, schedule))
         return calls
 
-    def _tree_rows_by_paths(self, layer, query, key, value, kv_cache, md, output, ctx, tree):
+    def _tree_rows_by_paths(self, layer, query, key, value, kv_cache, md, output, tree):
         num_blocks, heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(num_blocks, heads, 2 * block_size, -1).chunk(2, 2)
-        s, e = tree.row_start, tree.row_start + tree.num_rows
+        s, e = tree.token_row, tree.token_row + tree.num_rows
         block_table = md.block_table[tree.batch_index : tree.batch_index + 1]
         # Layers of one model share the geometry and the step's slot mapping.
-        cache_key = ("cpu-paths", tree.row_start, self.num_heads, self.head_size, layer.isa)
-        calls = ctx.backend_cache.get(cache_key)
+        cache_key = (tree.token_row, self.num_heads, self.head_size, layer.isa)
+        calls = _path_calls.get(cache_key)
         if calls is None:
-            calls = ctx.backend_cache[cache_key] = self._path_calls(layer, md, tree, query.dtype)
+            calls = _path_calls[cache_key] = self._calls(layer, md, tree, query.dtype)
         for call in calls:
             self._cache_write(layer, key[call.rows], value[call.rows], key_cache, value_cache,
                               call.slots)  # fmt: skip

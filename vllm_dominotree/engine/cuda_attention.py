@@ -1,11 +1,15 @@
 """Tree verification on CUDA: vLLM's FlashAttention and Triton backends plus a fix-up.
 
-The stock kernel runs every row as usual (all K/V written, non-tree rows final); then,
-for the branching trees of the step, the Triton tree kernel (kernels/tree_attention.py)
-recomputes the tree rows with ancestor-only attention from the same paged cache. Both
+The stock kernel runs every row causally, which is exactly right for the rows whose
+ancestors are all the rows before them (roots, chains); then, for the target's layers,
+the Triton tree kernel (kernels/tree_attention.py) recomputes the other tree rows with
+ancestor-only attention from the same paged cache. Both launches read only device
+buffers (the attention metadata and the published step, engine/tree_step.py), so a
+forward captured in a FULL CUDA graph replays them for every step (the runner marks
+graph capture, whose warm-ups compile and whose captures record the launch); in eager
+or piecewise execution a step whose trees need no fix skips the second launch. Both
 backends keep K/V as [blocks, kv heads, slots, 2 * head dim], which the kernel reads
-through a [blocks, slots, kv heads, head dim] view, and in which accepted rows later
-move slot to slot (tree_context.move_slots).
+through a [blocks, slots, kv heads, head dim] view.
 """
 
 from __future__ import annotations
@@ -14,35 +18,53 @@ from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
-from ..kernels.tree_attention import tree_attention
-from .tree_context import active_context
+from ..kernels.tree_attention import TreeAttention
+from .tree_step import installed
+
+_KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addresses stay
+
+
+def unsupported_features(impl) -> list[str]:
+    """What the tree kernel does not implement, present on this attention layer."""
+    checks = {
+        "encoder attention": impl.attn_type != AttentionType.DECODER,
+        "ALiBi": impl.alibi_slopes is not None,
+        "sliding windows": impl.sliding_window not in (None, (-1, -1), -1),
+        "logit soft-capping": bool(impl.logits_soft_cap),
+        "attention sinks": getattr(impl, "sinks", None) is not None,
+        "a quantized KV cache": impl.kv_cache_dtype != "auto",
+    }
+    return [name for name, present in checks.items() if present]
 
 
 class TreeFixupMixin:
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
         out = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
-        ctx = active_context()
-        if ctx is None or attn_metadata is None or layer.layer_name not in ctx.layer_names:
+        verification = installed()
+        if (
+            verification is None
+            or attn_metadata is None
+            or layer.layer_name not in verification.layers
+        ):
             return out
-        unsupported = {
-            "encoder attention": self.attn_type != AttentionType.DECODER,
-            "ALiBi": self.alibi_slopes is not None,
-            "sliding windows": self.sliding_window not in (None, (-1, -1), -1),
-            "logit soft-capping": bool(self.logits_soft_cap),
-            "attention sinks": getattr(self, "sinks", None) is not None,
-            "a quantized KV cache": self.kv_cache_dtype != "auto",
-        }
-        found = [name for name, present in unsupported.items() if present]
+        step = verification.step
+        if not verification.capturing and (step is None or not step.any_fix):
+            return out
+        found = unsupported_features(self)
         if found:
             raise NotImplementedError(f"dominotree: tree verification on CUDA lacks {found}")
-        ctx.keep_cache(layer.layer_name, kv_cache, attn_metadata.slot_mapping)
-        if ctx.branching:
-            key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-            tree_attention(
-                query, key_cache, value_cache, attn_metadata.block_table,
-                ctx.kernel_meta(query.device), self.scale,
-                output.view(output.shape[0], self.num_heads, self.head_size),
-            )  # fmt: skip
+        geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
+        kernel = _KERNELS.get(geometry)
+        if kernel is None:
+            kernel = _KERNELS[geometry] = TreeAttention(*geometry)
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+        buffers = verification.buffers
+        kernel(
+            query, key_cache, value_cache, attn_metadata.block_table,
+            attn_metadata.query_start_loc, attn_metadata.seq_lens,
+            buffers.token_ancestors, buffers.token_needs_fix, self.scale,
+            output.view(output.shape[0], self.num_heads, self.head_size),
+        )  # fmt: skip
         return out
 
 

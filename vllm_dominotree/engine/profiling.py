@@ -1,9 +1,14 @@
 """Where a DominoTree step's time goes, for benchmarks (off unless asked for).
 
-`llm.collective_rpc("dominotree_profile", args=(True,))` turns it on; the seconds per
-stage then come back in `dominotree_stats`. Every stage is bracketed by device
-synchronizations, so the stages add up to the step, but the syncs make the step
+StageClock: `llm.collective_rpc("dominotree_profile", args=(True,))` turns it on; the
+seconds per stage then come back in `dominotree_stats`. Every stage is bracketed by
+device synchronizations, so the stages add up to the step, but the syncs make the step
 itself slower: measure a round's cost with the clock off and its split with it on.
+
+LaunchTrace: `llm.collective_rpc("dominotree_trace", args=(True,))`, run requests, then
+`args=(False,)` returns what the worker's host asked of the GPU meanwhile (torch's
+profiler over CUDA's runtime and driver API): CUDA graph replays, kernels launched
+outside graphs, and calls that block the host until the device catches up.
 """
 
 from __future__ import annotations
@@ -14,10 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-
-# execute_model (target forward = verify), sample_tokens (accept), propose (draft =
-# the drafter's backbone pass and logits, build = the trees).
-STAGES = ("step", "verify", "accept", "draft", "build")
 
 
 class StageClock:
@@ -46,3 +47,41 @@ class StageClock:
     def reset(self, enabled: bool) -> None:
         self.enabled = enabled
         self.seconds = defaultdict(float)
+
+
+# CUDA API calls by what they mean for the host.
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                   "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")  # fmt: skip
+HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize")  # fmt: skip
+
+
+class LaunchTrace:
+    def __init__(self):
+        self._profiler = None
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self._profiler.__enter__()
+
+    def stop(self) -> dict[str, int]:
+        """Counts of graph replays, eager kernel launches and host waits since start()
+        (plus every CUDA API call by name, for a closer look)."""
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        calls: dict[str, int] = defaultdict(int)
+        for event in profiler.events():
+            if event.name.startswith(("cuda", "cu")) and event.device_type.name == "CPU":
+                calls[event.name] += 1
+
+        def total(names):
+            return sum(calls.get(n, 0) for n in names)
+
+        return {"graph_launches": total(GRAPH_LAUNCHES),
+                "kernel_launches": total(KERNEL_LAUNCHES),
+                "host_waits": total(HOST_WAITS),
+                "memcpy_async": calls.get("cudaMemcpyAsync", 0),
+                "calls": dict(calls)}  # fmt: skip

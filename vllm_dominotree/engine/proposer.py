@@ -69,9 +69,10 @@ class DominoTreeProposer(DFlashProposer):
         mm_embed_inputs=None,
         num_rejected_tokens_gpu: torch.Tensor | None = None,
         slot_mappings=None,
-    ) -> torch.Tensor:
-        """Returns the trees' drafted tokens, [R, budget] (padding past a tree's size is
-        never accepted: the runner verifies against `last_trees`)."""
+    ) -> list[list[int]]:
+        """Returns each tree's drafted tokens in topological order, padded to the budget
+        (padding is never accepted: the runner verifies against `last_trees`). A host
+        list, which vLLM hands to its scheduler as it is (no device round trip)."""
         with self.clock.stage("draft"):
             hidden, base_logits = self._draft(target_token_ids, target_positions,
                                               target_hidden_states, next_token_ids,
@@ -79,11 +80,12 @@ class DominoTreeProposer(DFlashProposer):
                                               mm_embed_inputs, num_rejected_tokens_gpu)  # fmt: skip
         with self.clock.stage("build"):
             self.scorer.prepare(hidden, base_logits)
-            self.last_trees = build_trees(self.scorer, next_token_ids.tolist(), self.shape)
-            drafts = torch.zeros(len(self.last_trees), self.budget, dtype=torch.int64)
-            for r, tree in enumerate(self.last_trees):
-                drafts[r, : tree.num_nodes - 1] = torch.tensor(tree.tokens[1:])
-            return drafts.to(self.device)
+            if self.options.scorer == "chain":
+                self.last_trees = self.scorer.chains(next_token_ids)
+            else:
+                self.last_trees = build_trees(self.scorer, next_token_ids.tolist(), self.shape)
+            pad = [0] * self.budget
+            return [(tree.tokens[1:] + pad)[: self.budget] for tree in self.last_trees]
 
     def _draft(self, target_token_ids, target_positions, target_hidden_states, next_token_ids,
                token_indices_to_sample, common_attn_metadata, mm_embed_inputs,

@@ -1,17 +1,18 @@
 """The model runner: vLLM's V1 runner with tree verification and tree acceptance.
 
-Per step, on top of vLLM's DFlash flow:
-1. `_prepare_inputs`: after vLLM laid out the rows (each verification row in its own
-   KV slot), give tree rows their tree positions (root position + depth) and describe
-   the step's trees (`TreeRows`).
-2. `_model_forward`: run the target with the trees published to the attention backend
-   (ancestor-only attention for tree rows, K/V of tree rows kept).
-3. `_sample`: sample-and-match every request's tree with its own sampling params and
-   generator; report the accepted path plus the bonus as the first tokens of vLLM's
-   [R, max_spec_len + 1] output so the scheduler's prefix rollback stays right; rewrite
-   the path's K/V into the first slots; put the root and path rows first (with linear
-   positions) so the drafter's context update takes exactly the accepted rows.
-4. The proposer (`DominoTreeProposer`) drafts the next trees, kept per request id.
+One step, in vLLM's own order (execute_model, then sample_tokens):
+1. prepare   `_prepare_inputs`: after vLLM laid out the rows (each verification row in
+             its own KV slot), describe the step's trees in the persistent buffers the
+             attention reads (tree_step.py) and shift tree rows to their tree positions.
+2. verify    `_model_forward`: the target's forward; the attention backends fix the
+             rows whose ancestors are not their causal prefix (cuda_attention.py,
+             cpu_attention.py). Under FULL CUDA graphs this is one graph replay.
+3. accept    `_sample`: sample-and-match for every tree at once on the device
+             (acceptance.py), in vLLM's [R, max_spec_len + 1] layout.
+4. commit    the accepted paths' K/V into rows 1..k (commit.py), then, right before the
+             proposer runs, the drafter's rows reordered (root, path, rest) at linear
+             positions.
+5. propose   the proposer (`DominoTreeProposer`) drafts the next trees, kept per request.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import vllm.v1.worker.gpu_model_runner as gpu_model_runner
 from vllm.v1.outputs import SamplerOutput
 
 from ..patches.worker_classes import swapped
-from ..tree.acceptance import SamplingParams, draw_target_tokens
 from ..tree.builder import DraftTree
-from .profiling import StageClock
+from .acceptance import Accepted, accept_trees, draw_targets, step_counters
+from .commit import CpuPathKVMover, drafter_rows_first
+from .profiling import LaunchTrace, StageClock
 from .proposer import DominoTreeProposer
-from .tree_context import TreeAttentionContext, published, rewrite_accepted_kv
-from .verify import TreeRows, accept_rows, tree_rows
+from .tree_step import TreeStep, TreeStepBuffers, TreeVerification, install, tree_rows
 
 
 @dataclass
@@ -42,6 +43,11 @@ class DominoTreeStats:
     sibling_accepts: int = 0  # accepted nodes that were not their parent's first child
     kv_moves: int = 0  # accepted paths whose K/V had to move to the first slots
     tree_leaves: int = 0  # leaves of the trees verified (a chain has one)
+    # Verification steps by how vLLM ran the target's forward: one FULL CUDA graph,
+    # piecewise graphs (attention eager between them; mixed batches), or eagerly.
+    full_graph_steps: int = 0
+    piecewise_steps: int = 0
+    eager_steps: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -58,15 +64,27 @@ class DominoTreeWorkerMixin:
     def dominotree_stats(self) -> dict:
         """Counters of the tree runner (read with LLM.collective_rpc), and the seconds
         per stage while profiling (profiling.py)."""
-        stats = self.model_runner.dominotree_stats
-        clock = self.model_runner.stage_clock
-        return asdict(stats) | {"mean_accept_length": stats.mean_accept_length,
-                                "mean_leaves": stats.mean_leaves,
-                                "stage_seconds": dict(clock.seconds)}  # fmt: skip
+        stats = self.model_runner.read_stats()
+        return asdict(stats) | {
+            "mean_accept_length": stats.mean_accept_length,
+            "mean_leaves": stats.mean_leaves,
+            "stage_seconds": dict(self.model_runner.stage_clock.seconds),
+        }
 
     def dominotree_profile(self, enabled: bool) -> None:
         """Start (or stop) timing the stages; the stage totals start again from zero."""
         self.model_runner.stage_clock.reset(enabled)
+
+    def dominotree_trace(self, enabled: bool) -> dict | None:
+        """Start tracing CUDA API calls; stopping returns their counts (profiling.py) and
+        the verification steps taken meanwhile."""
+        runner = self.model_runner
+        if enabled:
+            self._trace_steps = runner.read_stats().steps
+            runner.launch_trace.start()
+            return None
+        counts = runner.launch_trace.stop()
+        return counts | {"steps": runner.read_stats().steps - self._trace_steps}
 
 
 class DominoTreeRunnerMixin:
@@ -76,13 +94,15 @@ class DominoTreeRunnerMixin:
         with swapped(gpu_model_runner, "DFlashProposer", DominoTreeProposer):
             super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
-        self.dominotree_stats = DominoTreeStats()
         self.stage_clock = self.drafter.clock = StageClock(self.device)
+        self.launch_trace = LaunchTrace()
+        self._host_stats = DominoTreeStats()  # trees, leaves, steps (known on the host)
+        # accepted tokens, sibling accepts, KV moves: summed on the device, read on demand
+        self._device_stats = torch.zeros(3, dtype=torch.long, device=self.device)
         self._trees: dict[str, DraftTree] = {}  # request id -> the tree proposed for it
-        self._step_trees: TreeAttentionContext | None = None
-        # This step's accepted paths that are not rows 1..k: their K/V moves to the first
-        # slots, and their rows move first for the drafter.
-        self._moved: list[tuple[TreeRows, list[int]]] = []
+        self._tree_buffers = TreeStepBuffers(self.max_num_tokens, self.device)
+        self._step: TreeStep | None = None
+        self._accepted: Accepted | None = None
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -92,6 +112,39 @@ class DominoTreeRunnerMixin:
             for name, layer in forward_context.items()
             if hasattr(layer, "impl") and name not in self.drafter._draft_attn_layer_names
         )
+        self._verification = TreeVerification(
+            self._tree_buffers, self._target_layers, self.drafter.budget + 1
+        )
+        install(self._verification)
+
+    def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
+        super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
+        forward_context = self.compilation_config.static_forward_context
+        names = sorted(self._target_layers)
+        self._target_group = next(
+            g for g, group in enumerate(kv_cache_config.kv_cache_groups)
+            if names[0] in group.layer_names
+        )  # fmt: skip
+        if self.device.type == "cuda":
+            from ..kernels.kv_move import PathKVMover
+
+            self._kv_mover = PathKVMover([forward_context[n].kv_cache for n in names])
+        else:
+            self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
+
+    def capture_model(self, *args, **kwargs):
+        self._verification.capturing = True
+        try:
+            return super().capture_model(*args, **kwargs)
+        finally:
+            self._verification.capturing = False
+
+    def read_stats(self) -> DominoTreeStats:
+        accepted, siblings, moves = self._device_stats.tolist()
+        host = self._host_stats
+        return DominoTreeStats(host.steps, host.trees, accepted, siblings, moves,
+                               host.tree_leaves, host.full_graph_steps, host.piecewise_steps,
+                               host.eager_steps)  # fmt: skip
 
     def execute_model(self, *args, **kwargs):
         with self.stage_clock.stage("step"):
@@ -101,82 +154,83 @@ class DominoTreeRunnerMixin:
         with self.stage_clock.stage("step"):
             return super().sample_tokens(*args, **kwargs)
 
-    # 1. positions and tree description -------------------------------------------------
+    # 1. prepare ------------------------------------------------------------------------
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
-        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
-        trees: list[TreeRows] = []
-        row = 0
-        for i, req_id in enumerate(self.input_batch.req_ids[: self.input_batch.num_reqs]):
-            drafts = spec_tokens.get(req_id)
-            if drafts:
-                start = int(self.input_batch.num_computed_tokens_cpu[i])
-                trees.append(tree_rows(i, row, start, list(drafts), self._trees.get(req_id)))
-            row += int(num_scheduled_tokens[i])
-        if trees:
-            # Every tree row's position in one host-to-device copy: [sum of rows].
-            rows = torch.tensor([t.row_start + r for t in trees for r in range(t.num_rows)])
-            depths = torch.tensor([t.start + d for t in trees for d in t.depths])
-            device = self.positions.device
-            self.positions[rows.to(device)] = depths.to(device, self.positions.dtype)
-        self._step_trees = TreeAttentionContext(trees, self._target_layers) if trees else None
+        spec_decode_metadata = out[1]
+        self._step = self._describe_trees(scheduler_output, num_scheduled_tokens,
+                                          spec_decode_metadata)  # fmt: skip
+        self._verification.step = self._step
+        if self._step is not None:
+            self.positions[: self._step.num_tokens] += self._step.token_delta
         # Consumed: if the drafter is skipped this step (input too long), the scheduler
         # gets zero drafts, which then verify as a plain chain.
         self._trees = {}
         return out
 
-    # 2. the target forward with tree attention ----------------------------------------
+    def _describe_trees(self, scheduler_output, num_scheduled_tokens, spec_decode_metadata):
+        if spec_decode_metadata is None:
+            self._tree_buffers.clear()
+            return None
+        batch = self.input_batch
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        num_drafts = spec_decode_metadata.num_draft_tokens
+        trees = []
+        token_row = logits_row = 0
+        for i, req_id in enumerate(batch.req_ids[: batch.num_reqs]):
+            if num_drafts[i]:
+                start = int(batch.num_computed_tokens_cpu[i])
+                drafts, tree = list(spec_tokens[req_id]), self._trees.get(req_id)
+                trees.append(tree_rows(i, token_row, logits_row, start, drafts, tree))
+            token_row += int(num_scheduled_tokens[i])
+            logits_row += num_drafts[i] + 1
+        logits_requests = np.repeat(np.arange(batch.num_reqs), np.asarray(num_drafts) + 1)
+        return self._tree_buffers.publish(trees, token_row, logits_requests)
+
+    def _determine_batch_execution_and_padding(self, *args, **kwargs):
+        decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
+        if self._step is not None:
+            mode = decision[0].name  # CUDAGraphMode of this forward
+            host = self._host_stats
+            if mode == "FULL":
+                host.full_graph_steps += 1
+            elif mode == "PIECEWISE":
+                host.piecewise_steps += 1
+            else:
+                host.eager_steps += 1
+        return decision
+
+    # 2. verify -------------------------------------------------------------------------
     def _model_forward(self, *args, **kwargs):
-        with published(self._step_trees), self.stage_clock.stage("verify"):
+        with self.stage_clock.stage("verify"):
             return super()._model_forward(*args, **kwargs)
 
-    # 3. acceptance ---------------------------------------------------------------------
+    # 3. accept (and commit the K/V) ----------------------------------------------------
     def _sample(self, logits, spec_decode_metadata) -> SamplerOutput:
+        self._accepted = None
         if spec_decode_metadata is None:
             return super()._sample(logits, spec_decode_metadata)
         with self.stage_clock.stage("accept"):
-            return self._accept(logits, spec_decode_metadata)
-
-    def _accept(self, logits, spec_decode_metadata) -> SamplerOutput:
-        batch = self.input_batch
-        num_reqs = batch.num_reqs
-        trees = {t.batch_index: t for t in (self._step_trees.trees if self._step_trees else [])}
-        width = spec_decode_metadata.max_spec_len + 1
-        sampled = torch.full((num_reqs, width), -1, dtype=torch.int32)
-        self._moved = []
-        # Greedy rows' tokens for the whole batch in one device-to-host copy.
-        greedy = logits.argmax(dim=-1).tolist() if batch.greedy_reqs else None
-        first_row = 0
-        for i in range(num_reqs):
-            num_rows = spec_decode_metadata.num_draft_tokens[i] + 1
-            rows = slice(first_row, first_row + num_rows)
-            first_row += num_rows
-            if self.discard_request_mask.np[i]:  # a prefill chunk: vLLM drops the token
-                sampled[i, 0] = 0
-                continue
-            params = self._sampling_params(i)
-            tree = trees.get(i)
-            if params.greedy:
-                target = greedy[rows]
-            else:
-                generator = batch.sampling_metadata.generators.get(i)
-                # Without a tree (a prefill's end) only the last row is drawn.
-                drawn = logits[rows] if tree is not None else logits[rows][-1:]
-                target = draw_target_tokens(drawn, params, generator).tolist()
-            if tree is None:
-                sampled[i, 0] = target[-1]
-                continue
-            result = accept_rows(tree, target)
-            sampled[i, : len(result.tokens)] = torch.tensor(result.tokens, dtype=torch.int32)
-            self._count(tree, result)
-            if result.moved:
-                self._moved.append((tree, result.path))
-        if self._step_trees is not None:
-            rewrite_accepted_kv(self.compilation_config.static_forward_context,
-                                self._step_trees, self._moved)  # fmt: skip
-            self.dominotree_stats.steps += 1
-            self.dominotree_stats.kv_moves += len(self._moved)
-        return SamplerOutput(sampled_token_ids=sampled.to(logits.device), logprobs_tensors=None)
+            step, batch = self._step, self.input_batch
+            num_reqs = batch.num_reqs
+            rows_per_request = np.asarray(spec_decode_metadata.num_draft_tokens) + 1
+            ends = np.cumsum(rows_per_request)
+            ranges = list(zip((ends - rows_per_request).tolist(), ends.tolist(), strict=True))
+            target = draw_targets(logits, step.request, ranges, batch.sampling_metadata,
+                                  self.discard_request_mask.np[:num_reqs])  # fmt: skip
+            last_rows = spec_decode_metadata.cu_num_sampled_tokens.long() - 1
+            accepted = accept_trees(step, target, last_rows, num_reqs,
+                                    spec_decode_metadata.max_spec_len + 1)  # fmt: skip
+            self._device_stats += step_counters(step, accepted)
+            host = self._host_stats
+            host.steps += 1
+            host.trees += len(step.trees)
+            host.tree_leaves += step.leaves
+            slot_mapping = self.input_batch.block_table[self._target_group].slot_mapping.gpu
+            self._kv_mover(slot_mapping, self.query_start_loc.gpu[: num_reqs + 1],
+                           accepted.path_offsets, accepted.num_accepted)  # fmt: skip
+            self._accepted = accepted
+        return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=None)
 
     def _bookkeeping_sync(self, *args, **kwargs):
         # vLLM rewinds the generator of every request whose sampled token it discards
@@ -190,46 +244,13 @@ class DominoTreeRunnerMixin:
         finally:
             generators.update(hidden)
 
-    def _sampling_params(self, i: int) -> SamplingParams:
-        batch = self.input_batch
-        if batch.req_ids[i] in batch.greedy_reqs:
-            return SamplingParams()
-        top_k = int(batch.top_k_cpu[i])
-        return SamplingParams(
-            temperature=float(batch.temperature_cpu[i]),
-            top_k=0 if top_k >= self.model_config.get_vocab_size() else top_k,
-            top_p=float(batch.top_p_cpu[i]),
-        )
-
-    def _count(self, tree: TreeRows, result) -> None:
-        stats = self.dominotree_stats
-        stats.trees += 1
-        stats.accepted_tokens += len(result.path)
-        kids = tree.tree.children
-        stats.sibling_accepts += sum(kids[tree.parents[n]][0] != n for n in result.path)
-        stats.tree_leaves += sum(not node_kids for node_kids in kids)
-
-    # 4. proposing ----------------------------------------------------------------------
+    # 4. commit the drafter's rows, 5. propose ------------------------------------------
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
                                 hidden_states, sample_hidden_states, aux_hidden_states,
                                 *args):  # fmt: skip
-        # The drafter takes each request's first 1 + k rows (k accepted) as its new
-        # context, at linear positions: put the root and the path first (one gather per
-        # tensor for all moved trees).
-        if self._moved:
-            dst, src, positions = [], [], []
-            for tree, path in self._moved:
-                keep = [0, *path]
-                order = keep + [r for r in range(tree.num_rows) if r not in set(keep)]
-                dst += range(tree.row_start, tree.row_start + tree.num_rows)
-                src += [tree.row_start + r for r in order]
-                positions += range(tree.start, tree.start + tree.num_rows)
-            device = self.positions.device
-            dst, src = torch.tensor(dst, device=device), torch.tensor(src, device=device)
-            for rows in (self.input_ids.gpu, *(aux_hidden_states or [])):
-                rows[dst] = rows[src]  # the gather copies before the scatter writes
-            self.positions[dst] = torch.tensor(positions, device=device,
-                                               dtype=self.positions.dtype)  # fmt: skip
+        if self._accepted is not None:
+            drafter_rows_first(self._step, self._accepted, self.input_ids.gpu, self.positions,
+                               aux_hidden_states)  # fmt: skip
         drafts = super().propose_draft_token_ids(
             scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
             sample_hidden_states, aux_hidden_states, *args,

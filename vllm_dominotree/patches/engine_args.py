@@ -12,9 +12,7 @@ Removal: when vLLM accepts plugin-registered speculative methods.
 from __future__ import annotations
 
 import functools
-import os
 
-from vllm.config.compilation import CUDAGraphMode
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
@@ -53,12 +51,9 @@ def prepare_engine_args(args: EngineArgs) -> None:
     args.additional_config = {**(args.additional_config or {}), ADDITIONAL_CONFIG_KEY: options}
     args.async_scheduling = False
     args.worker_cls = CPU_WORKER if current_platform.is_cpu() else GPU_WORKER
-    if current_platform.is_cuda():
-        # The tree fix-up runs in Python between the stock kernel and the next layer,
-        # which piecewise CUDA graphs leave outside the graphs; full graphs would freeze it.
-        args.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
-    # The tree runner extends vLLM's V1 model runner (V2's speculators are hard-coded).
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    # vLLM's own CUDA graph modes stay (FULL graphs for uniform decode batches, where the
+    # tree fix-up is captured; piecewise for mixed batches). The V1 runner is chosen per
+    # engine by patches/model_runner_choice.py.
 
 
 def check_engine_config(config) -> None:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafter.model import DominoHead
-from .builder import Children, Expansion, TreeShape
+from .builder import Children, DraftTree, Expansion, TreeShape, chain_tree
 
 
 class MarginalScorer:
@@ -41,6 +41,11 @@ class MarginalScorer:
             Children(self._tokens[i.request][i.depth], self._logprobs[i.request][i.depth])
             for i in items
         ]
+
+    def chains(self, anchors: torch.Tensor) -> list[DraftTree]:
+        """The marginal argmax path of every request (DFlash's own chain)."""
+        rows = zip(anchors.tolist(), self._tokens, self._logprobs, strict=False)
+        return [chain_tree(a, [t[0] for t in tok], [v[0] for v in lp]) for a, tok, lp in rows]
 
 
 class ConditionalScorer:
@@ -144,6 +149,33 @@ class ConditionalScorer:
         tokens = self.cand[req, depth].gather(1, index) if self.restricted else index
         self.children_out[:p, 0] = values
         self.children_out[:p, 1] = tokens
+
+    @torch.no_grad()
+    def chains(self, anchors: torch.Tensor) -> list[DraftTree]:
+        """Domino's released chain decoder for every request at once, as plain unrolled
+        steps on the device (no host round trip until the end): the same arithmetic as
+        `_expand_rows` on a one-child path. anchors: [R] long, on the device."""
+        n = anchors.shape[0]
+        rows = torch.arange(n, device=anchors.device)
+        state = self.head.gru_step(self.embed_tokens[anchors], self.states[:n, self.zero_slot])
+        tokens, logprobs = [], []
+        for depth in range(self.hid_part.shape[1]):
+            u = F.silu(self.hid_part[:n, depth] + state @ self.w_state.T)  # [n, E]
+            if self.restricted:
+                corr = torch.bmm(self.proj_rows[:n, depth], u[:, :, None])[:, :, 0]
+            else:
+                corr = u @ self.head.proj_out.T
+            logits = self.base[:n, depth] + corr * (depth >= self.prefix_len)
+            value, index = torch.log_softmax(logits.float(), dim=-1).topk(1, dim=-1)
+            value, index = value[:, 0], index[:, 0]
+            token = self.cand[rows, depth, index] if self.restricted else index
+            tokens.append(token)
+            logprobs.append(value)
+            state = self.head.gru_step(self.embed_tokens[token], state)
+        drafts = torch.stack(tokens, 1).tolist()  # the one device-to-host copy
+        scores = torch.stack(logprobs, 1).tolist()
+        return [chain_tree(int(a), d, v) for a, d, v in zip(anchors.tolist(), drafts, scores,
+                                                              strict=True)]  # fmt: skip
 
     def _padded_rows(self, n: int) -> int:
         p = 1

@@ -1,0 +1,121 @@
+"""The engine's batched acceptance (engine/acceptance.py over engine/tree_step.py)
+against the host walk it replaces (tree/acceptance.accept), on random trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_dominotree.engine.acceptance import accept_trees, step_counters
+from vllm_dominotree.engine.commit import drafter_rows_first, moved_rows
+from vllm_dominotree.engine.tree_step import PAD_PARENT, TreeRows, TreeStepBuffers, tree_bits
+from vllm_dominotree.tree.acceptance import accept
+from vllm_dominotree.tree.builder import DraftTree
+
+
+def random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
+    tree = DraftTree.root(int(torch.randint(vocab, (1,), generator=gen)))
+    for i in range(1, size):
+        parent = int(torch.randint(i, (1,), generator=gen))
+        tree.add(int(torch.randint(vocab, (1,), generator=gen)), parent, 0.0)
+    return tree
+
+
+def random_step(seed: int, vocab: int = 3):
+    """A batch of trees (small vocabulary: siblings share tokens, many rows match),
+    with plain one-row requests between them and padding rows on some trees."""
+    gen = torch.Generator().manual_seed(seed)
+    trees, host = [], []
+    token_row = logits_row = 0
+    logits_requests, query_start = [], []
+    for r in range(7):
+        query_start.append(token_row)
+        if r % 3 == 1:  # a request without a tree (a prefill's last row)
+            prefill = int(torch.randint(1, 5, (1,), generator=gen))
+            logits_requests.append(r)
+            token_row += prefill
+            logits_row += 1
+            continue
+        tree = random_tree(gen, int(torch.randint(1, 12, (1,), generator=gen)), vocab)
+        pad = r % 2
+        t = TreeRows(r, token_row, logits_row, 100 + r, tree.tokens + [7] * pad,
+                     tree.parents + [PAD_PARENT] * pad, tree.depths + [1] * pad)  # fmt: skip
+        trees.append(t)
+        host.append((r, tree))
+        logits_requests += [r] * t.num_rows
+        token_row += t.num_rows
+        logits_row += t.num_rows
+    step = TreeStepBuffers(128, torch.device("cpu")).publish(
+        trees, token_row, np.array(logits_requests)
+    )
+    target = torch.randint(vocab, (logits_row,), generator=gen)
+    ends = np.cumsum(np.bincount(logits_requests, minlength=7))
+    step.query_start = torch.tensor([*query_start, token_row])  # what vLLM's metadata holds
+    return step, host, target, torch.from_numpy(ends - 1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batched_acceptance_equals_the_host_walk(seed):
+    step, host, target, last_rows = random_step(seed)
+    width = 13
+    got = accept_trees(step, target, last_rows, 7, width)
+    trees = {r: tree for r, tree in host}
+    accepted = siblings = moves = 0
+    for r in range(7):
+        if r not in trees:
+            assert got.sampled[r].tolist() == [int(target[last_rows[r]])] + [-1] * (width - 1)
+            continue
+        first = next(t.logits_row for t in step.trees if t.batch_index == r)
+        tree = trees[r]
+        path, bonus = accept(tree, target[first : first + tree.num_nodes].tolist())
+        tokens = [tree.tokens[n] for n in path] + [bonus]
+        assert got.sampled[r].tolist() == tokens + [-1] * (width - len(tokens))
+        assert got.path_offsets[r, : len(path)].tolist() == path
+        assert int(got.num_accepted[r]) == len(path)
+        accepted += len(path)
+        siblings += sum(tree.children[tree.parents[n]][0] != n for n in path)
+        moves += path != list(range(1, len(path) + 1))
+    assert step_counters(step, got).tolist() == [accepted, siblings, moves]
+
+
+def test_tree_bits():
+    parents = np.array([[-1, 0, 0, 1, 3, PAD_PARENT]])
+    ancestors, siblings, needs_fix = tree_bits(parents)
+    assert ancestors[0].tolist() == [0, 0b1, 0b10, 0b101, 0b1101, 0b10000]
+    assert siblings[0].tolist() == [0, 0, 0b1, 0, 0, 0]
+    assert needs_fix[0].tolist() == [False, False, True, True, True, False]
+    chain = np.array([list(range(-1, 64))])  # 65 rows: bit 63 is the sign bit
+    ancestors, _, needs_fix = tree_bits(chain)
+    assert ancestors[0, 64] == -1 and not needs_fix.any()
+
+
+def test_drafter_rows_follow_the_path_and_positions_stay_unique():
+    """After the reorder every request's first 1 + k rows are its root and path, and no
+    two rows of a request share a position (the drafter's context slots come from them)."""
+    for seed in range(10):
+        step, _, target, last_rows = random_step(seed)
+        got = accept_trees(step, target, last_rows, 7, 13)
+        ids = torch.arange(1000, 1000 + step.num_tokens)
+        tree_positions = torch.arange(step.num_tokens) + step.token_delta
+        positions = tree_positions.clone()
+        hidden = [torch.arange(step.num_tokens, dtype=torch.float32)[:, None].repeat(1, 3)]
+        drafter_rows_first(step, got, ids, positions, hidden)
+        assert torch.equal(positions, torch.arange(step.num_tokens))
+        for t in step.trees:
+            k = int(got.num_accepted[t.batch_index])
+            path = got.path_offsets[t.batch_index, :k].tolist()
+            keep = [t.token_row + i for i in [0, *path]]
+            assert ids[t.token_row : t.token_row + k + 1].tolist() == [1000 + i for i in keep]
+            rows = ids[t.token_row : t.token_row + t.num_rows].tolist()
+            assert sorted(rows) == list(range(1000 + t.token_row, 1000 + t.token_row + t.num_rows))
+            assert hidden[0][t.token_row : t.token_row + k + 1, 0].tolist() == keep
+        src, dst = moved_rows(got, step.query_start)
+        want = []
+        for t in step.trees:
+            k = int(got.num_accepted[t.batch_index])
+            path = got.path_offsets[t.batch_index, :k].tolist()
+            want += [
+                (t.token_row + p, t.token_row + 1 + j) for j, p in enumerate(path) if p != j + 1
+            ]
+        assert list(zip(src.tolist(), dst.tolist(), strict=True)) == want

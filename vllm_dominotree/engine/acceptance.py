@@ -1,0 +1,125 @@
+"""Tree acceptance for a whole step on the device: no host round trip, no per-node loop.
+
+Sample-and-match (tree/acceptance.py has the argument for why it is lossless): the
+target's token is drawn at every logits row with the request's own temperature / top-k /
+top-p and generator (greedy: argmax), a row is accepted iff every row on its path (its
+ancestors-or-self bits, tree_step.py) holds the token drawn at its parent, and the bonus
+is the token drawn at the deepest accepted row (the root if none). A sibling whose token
+an earlier sibling already holds is never entered (the host walk takes the first child).
+
+The result is in vLLM's rejection-sampler layout ([R, max_spec_len + 1]: the path's
+tokens, the bonus, then -1) so that the scheduler's prefix rollback stays right; the
+path's row offsets go to the commit (commit.py). vLLM copies the sampled ids to the host
+once per step, as for its own sampler; the counters stay on the device until read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+from .tree_step import TreeStep
+
+_SAMPLING_EPS = 1e-5  # vLLM's own threshold for "temperature 0 means greedy"
+
+
+@dataclass
+class Accepted:
+    sampled: torch.Tensor  # [R, W] int32: path tokens, the bonus, -1 after (W = width)
+    path_offsets: torch.Tensor  # [R, W] long: row offsets of the path's nodes, -1 after
+    num_accepted: torch.Tensor  # [R] long: drafted tokens accepted (bonus excluded)
+    accepted: torch.Tensor  # [L] bool: logits rows on an accepted path
+
+
+def draw_targets(
+    logits: torch.Tensor,  # [L, V]
+    row_requests: torch.Tensor,  # [L] long: the request of each row
+    row_ranges: list[tuple[int, int]],  # per request, its logits rows [first, end)
+    sampling_metadata,
+    skip_generators: np.ndarray,  # [R] bool: requests whose draw vLLM discards
+) -> torch.Tensor:
+    """The target's token at every logits row, [L] long."""
+    greedy = logits.argmax(dim=-1)
+    if sampling_metadata.all_greedy:
+        return greedy
+    temperature = sampling_metadata.temperature[row_requests]
+    scaled = logits.float() / torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)[:, None]
+
+    def per_row(values):
+        return None if values is None else values[row_requests]
+
+    scaled = apply_top_k_top_p(
+        scaled, per_row(sampling_metadata.top_k), per_row(sampling_metadata.top_p)
+    )
+    probs = scaled.softmax(dim=-1)
+    # Exponential race: argmax(p / E), E ~ Exp(1), is a draw from p. Seeded requests draw
+    # their rows from their own generator, in row order (so a seed reproduces).
+    noise = torch.empty_like(probs)
+    generators = sampling_metadata.generators
+    if len(generators) < len(row_ranges):
+        noise.exponential_()
+    for r, generator in generators.items():
+        if not skip_generators[r]:
+            first, end = row_ranges[r]
+            noise[first:end].exponential_(generator=generator)
+    drawn = (probs / noise).argmax(dim=-1)
+    return torch.where(temperature < _SAMPLING_EPS, greedy, drawn)
+
+
+def _request_bits(step: TreeStep, rows: torch.Tensor, num_reqs: int) -> torch.Tensor:
+    """[R] int64: OR (= sum, the bits are disjoint) of the own bits of the rows set in
+    `rows` ([L] bool), per request."""
+    shift = (step.offset - 1).clamp(min=0)
+    own = torch.where(step.offset >= 1, torch.ones_like(shift) << shift, 0)
+    bits = torch.zeros(num_reqs, dtype=torch.int64, device=rows.device)
+    return bits.index_add_(0, step.request, torch.where(rows, own, 0))
+
+
+def accept_trees(
+    step: TreeStep,
+    target: torch.Tensor,  # [L] long: the target's token at every logits row
+    last_rows: torch.Tensor,  # [R] long: each request's last logits row
+    num_reqs: int,
+    width: int,  # W = max_spec_len + 1
+) -> Accepted:
+    device = target.device
+    match = (step.parent_row >= 0) & (step.token == target[step.parent_row.clamp(min=0)])
+    matched = _request_bits(step, match, num_reqs)[step.request]
+    first_match = match & ((matched & step.siblings_before) == 0)
+    good = _request_bits(step, first_match, num_reqs)[step.request]
+    tree_row = step.in_tree.bool()
+    accepted = tree_row & (step.offset >= 1) & ((good & step.ancestors) == step.ancestors)
+
+    rows = torch.arange(step.num_logits, device=device)
+    # The deepest accepted row of each tree (its root if none); the last row otherwise.
+    # Index num_reqs is a spare slot that rows of no interest write to.
+    stop = torch.cat([last_rows, last_rows.new_zeros(1)])
+    root = tree_row & (step.offset == 0)
+    stop[torch.where(root, step.request, num_reqs)] = rows
+    stop = stop.scatter_reduce(0, torch.where(accepted, step.request, num_reqs), rows, "amax")
+    stop = stop[:num_reqs]
+    num_accepted = torch.zeros(num_reqs, dtype=torch.long, device=device)
+    num_accepted.index_add_(0, step.request, accepted.long())
+
+    # Scatter the accepted rows to [request, depth - 1]; other rows go to a spare slot.
+    flat = torch.where(accepted, step.request * width + step.depth - 1, num_reqs * width)
+    sampled = torch.full((num_reqs * width + 1,), -1, dtype=torch.int32, device=device)
+    sampled[flat] = step.token.to(torch.int32)
+    path = torch.full((num_reqs * width + 1,), -1, dtype=torch.long, device=device)
+    path[flat] = step.offset
+    sampled = sampled[:-1].view(num_reqs, width)
+    sampled.scatter_(1, num_accepted[:, None], target[stop].to(torch.int32)[:, None])
+    return Accepted(sampled, path[:-1].view(num_reqs, width), num_accepted, accepted)
+
+
+def step_counters(step: TreeStep, accepted: Accepted) -> torch.Tensor:
+    """[3] long: drafted tokens accepted, accepted nodes that are not their parent's first
+    child, and paths that are not rows 1..k (their K/V moves)."""
+    rows = accepted.accepted
+    sibling = rows & (step.siblings_before != 0)
+    off_place = torch.zeros_like(accepted.num_accepted)
+    off_place.index_add_(0, step.request, (rows & (step.offset != step.depth)).long())
+    return torch.stack([rows.sum(), sibling.sum(), (off_place > 0).sum()])

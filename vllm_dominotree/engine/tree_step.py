@@ -1,0 +1,263 @@
+"""One verification step's trees, as the attention backends and the acceptance read them.
+
+The scheduler gives every request 1 + n verification rows: the root (the last committed
+token) and the n drafts the proposer returned last step, in the tree's topological order
+(possibly cut short by the scheduler, which keeps a closed subtree, or padded). Rows keep
+their own KV slots; only positions and attention follow the tree.
+
+The runner describes the step once, before the target's forward (`TreeStepBuffers.
+publish`), in persistent device buffers that the forward only reads. They keep their
+addresses for the engine's life, so a forward captured in a CUDA graph reads each step's
+trees at replay. Per row r of a tree (offset i from its root):
+  ancestors   bit j - 1 set iff the tree's row j (j >= 1) is r or one of its ancestors
+              (the root is seen by every row and has no bit; 64 bits cover budget 64)
+  needs_fix   1 iff r's ancestor set is not its causal prefix, i.e. the stock causal
+              kernel's output for r is wrong (never the root, never a chain's rows)
+  delta       tree position - linear position (depth - i, <= 0)
+and per logits row (the rows the target's logits come back for, same order):
+  request (for every logits row), in_tree, offset, depth, parent_row (its parent's
+  logits row, -1 for roots and padding), ancestors, siblings_before (bits of its
+  earlier siblings), token (its draft token; -1 for roots and padding, so it never
+  matches) and token_row (its row in the forward). Rows outside trees carry in_tree 0,
+  parent_row -1 and their own token_row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..tree.builder import DraftTree
+
+PAD_PARENT = -2  # a row the scheduler kept beyond its tree: never accepted, never fixed
+
+# Rows of the staging buffers (one int64 array, one host-to-device copy per step).
+_TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA = 0, 1, 2
+_REQUEST, _OFFSET, _ANCESTORS, _SIBLINGS, _TOKEN, _TOKEN_ROW, _DEPTH = 3, 4, 5, 6, 7, 8, 9
+_PARENT_ROW, _IN_TREE = 10, 11
+_FIELDS = 12
+
+
+@dataclass
+class TreeRows:
+    """A request's verification rows in this step (host side)."""
+
+    batch_index: int  # the request's row in the batch
+    token_row: int  # its first row in the forward's flattened tokens
+    logits_row: int  # its first row among the logits
+    start: int  # position of the root (num_computed_tokens)
+    tokens: list[int]  # per row: the root's anchor, then the drafts
+    parents: list[int]  # per row: -1 for the root, PAD_PARENT for padding rows
+    depths: list[int]  # per row
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.parents)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+
+def tree_rows(
+    batch_index: int,
+    token_row: int,
+    logits_row: int,
+    start: int,
+    drafts: list[int],
+    tree: DraftTree | None,
+) -> TreeRows:
+    """Match the scheduled drafts against the tree proposed for them. Placeholder drafts
+    (-1, scheduled before any proposal) and a missing tree verify as a chain of those
+    tokens, which the target never matches. Real drafts that differ from the tree are a
+    bug, and fail loudly rather than verifying a different tree than was drafted."""
+    n = len(drafts)
+    if tree is None or all(t < 0 for t in drafts):
+        return TreeRows(batch_index, token_row, logits_row, start, [-1, *drafts],
+                        list(range(-1, n)), list(range(n + 1)))  # fmt: skip
+    num_real = min(n + 1, tree.num_nodes)
+    if drafts[: num_real - 1] != tree.tokens[1:num_real]:
+        raise RuntimeError(
+            f"dominotree: scheduled drafts {drafts[:8]}... differ from the proposed tree "
+            f"{tree.tokens[1:9]}...; the runner lost track of its trees"
+        )
+    pad = n + 1 - num_real
+    return TreeRows(
+        batch_index, token_row, logits_row, start, [tree.tokens[0], *drafts],
+        tree.parents[:num_real] + [PAD_PARENT] * pad, tree.depths[:num_real] + [1] * pad,
+    )  # fmt: skip
+
+
+def _row_bits(num_rows: int) -> np.ndarray:
+    """[n] int64: row i's own bit (i - 1), 0 for the root."""
+    offsets = np.arange(num_rows, dtype=np.int64)
+    return np.where(offsets >= 1, np.left_shift(np.int64(1), np.maximum(offsets - 1, 0)), 0)
+
+
+def tree_bits(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """parents: [B, n] row offsets (-1 root, PAD_PARENT padding, anything past a tree's
+    rows is ignored by the caller). Returns (ancestors, siblings_before, needs_fix), each
+    [B, n]: the masks described in the module docstring."""
+    b, n = parents.shape
+    own = np.broadcast_to(_row_bits(n), (b, n))
+    real = parents >= 0
+    up = np.where(real, parents, 0)
+    ancestors = own.copy()
+    rows = np.arange(b)[:, None]
+    for _ in range(n):  # a path is at most n rows long; stops once nothing changes
+        grown = ancestors | np.where(real, ancestors[rows, up], 0)
+        if np.array_equal(grown, ancestors):
+            break
+        ancestors = grown
+    earlier = np.tri(n, n, -1, dtype=bool)[None]  # [1, i, j]: j < i
+    same_parent = (parents[:, :, None] == parents[:, None, :]) & real[:, :, None] & earlier
+    # Disjoint bits: their wrapping int64 sum is their OR.
+    siblings = (same_parent * own[:, None, :]).sum(-1, dtype=np.int64)
+    causal = np.bitwise_or.accumulate(own, axis=1)
+    needs_fix = real & (ancestors != causal)
+    return ancestors, siblings, needs_fix
+
+
+@dataclass
+class TreeStep:
+    """This step's trees: host rows (CPU attention, counters) and device views of the
+    published buffers (CUDA attention, acceptance, commit). Device views are [rows]."""
+
+    trees: list[TreeRows]
+    num_tokens: int
+    num_logits: int
+    token_ancestors: torch.Tensor
+    token_needs_fix: torch.Tensor
+    token_delta: torch.Tensor
+    request: torch.Tensor  # per logits row
+    in_tree: torch.Tensor
+    offset: torch.Tensor
+    ancestors: torch.Tensor
+    siblings_before: torch.Tensor
+    token: torch.Tensor
+    token_row: torch.Tensor
+    depth: torch.Tensor
+    parent_row: torch.Tensor
+    width: int  # rows of the widest tree
+    leaves: int  # leaves over all trees (a chain has one)
+    any_fix: bool  # some row's output must be recomputed (a branching tree)
+
+    @property
+    def branching(self) -> list[TreeRows]:
+        return [t for t in self.trees if not t.is_chain]
+
+
+class TreeStepBuffers:
+    """Persistent staging (pinned host) and device buffers for the step description."""
+
+    def __init__(self, capacity: int, device: torch.device):
+        pin = device.type == "cuda"
+        self.capacity = capacity
+        self.host = torch.zeros(_FIELDS, capacity, dtype=torch.int64, pin_memory=pin)
+        self.device_rows = torch.zeros(_FIELDS, capacity, dtype=torch.int64, device=device)
+        self._host = self.host.numpy()
+        self._dirty = 0  # columns written by an earlier step (zeroed before reuse)
+
+    def clear(self) -> None:
+        """A step without trees: every row causal, nothing to fix (graphs still read)."""
+        if self._dirty:
+            self._host[:, : self._dirty] = 0
+            self.device_rows[:, : self._dirty].copy_(self.host[:, : self._dirty],
+                                                     non_blocking=True)  # fmt: skip
+            self._dirty = 0
+
+    def publish(
+        self, trees: list[TreeRows], num_tokens: int, logits_requests: np.ndarray
+    ) -> TreeStep:
+        """logits_requests: [L] the request (batch index) of every logits row."""
+        num_logits = len(logits_requests)
+        columns = max(num_tokens, num_logits, self._dirty)
+        if columns > self.capacity:
+            raise RuntimeError(f"dominotree: {columns} rows over the buffers' {self.capacity}")
+        h = self._host
+        h[:, :columns] = 0
+        h[_REQUEST, :num_logits] = logits_requests
+        h[_PARENT_ROW, :columns] = -1
+        h[_TOKEN_ROW, :columns] = np.arange(columns)
+        width = max((t.num_rows for t in trees), default=1)
+        parents = np.full((len(trees), width), PAD_PARENT, dtype=np.int64)
+        depths = np.zeros((len(trees), width), dtype=np.int64)
+        tokens = np.zeros((len(trees), width), dtype=np.int64)
+        for b, t in enumerate(trees):
+            parents[b, : t.num_rows] = t.parents
+            depths[b, : t.num_rows] = t.depths
+            tokens[b, : t.num_rows] = t.tokens
+        ancestors, siblings, needs_fix = tree_bits(parents)
+        offsets = np.arange(width)
+        for b, t in enumerate(trees):  # one slice assignment per field and tree
+            n = t.num_rows
+            tok = slice(t.token_row, t.token_row + n)
+            log = slice(t.logits_row, t.logits_row + n)
+            h[_TOKEN_ANCESTORS, tok] = ancestors[b, :n]
+            h[_TOKEN_NEEDS_FIX, tok] = needs_fix[b, :n]
+            h[_TOKEN_DELTA, tok] = depths[b, :n] - offsets[:n]
+            h[_IN_TREE, log] = 1
+            h[_OFFSET, log] = offsets[:n]
+            h[_ANCESTORS, log] = ancestors[b, :n]
+            h[_SIBLINGS, log] = siblings[b, :n]
+            real_parent = parents[b, :n] >= 0
+            h[_TOKEN, log] = np.where(real_parent, tokens[b, :n], -1)
+            h[_PARENT_ROW, log] = np.where(real_parent, t.logits_row + parents[b, :n], -1)
+            h[_TOKEN_ROW, log] = np.arange(t.token_row, t.token_row + n)
+            h[_DEPTH, log] = depths[b, :n]
+        self.device_rows[:, :columns].copy_(self.host[:, :columns], non_blocking=True)
+        self._dirty = max(num_tokens, num_logits)
+        has_child = np.zeros_like(parents, dtype=bool)
+        b_idx, r_idx = np.nonzero(parents >= 0)
+        has_child[b_idx, parents[b_idx, r_idx]] = True
+        real = parents != PAD_PARENT
+        d = self.device_rows
+        return TreeStep(
+            trees, num_tokens, num_logits,
+            token_ancestors=d[_TOKEN_ANCESTORS], token_needs_fix=d[_TOKEN_NEEDS_FIX],
+            token_delta=d[_TOKEN_DELTA, :num_tokens], request=d[_REQUEST, :num_logits],
+            in_tree=d[_IN_TREE, :num_logits],
+            offset=d[_OFFSET, :num_logits], ancestors=d[_ANCESTORS, :num_logits],
+            siblings_before=d[_SIBLINGS, :num_logits], token=d[_TOKEN, :num_logits],
+            token_row=d[_TOKEN_ROW, :num_logits], depth=d[_DEPTH, :num_logits],
+            parent_row=d[_PARENT_ROW, :num_logits],
+            width=width, leaves=int((real & ~has_child).sum()), any_fix=bool(needs_fix.any()),
+        )  # fmt: skip
+
+    @property
+    def token_ancestors(self) -> torch.Tensor:
+        return self.device_rows[_TOKEN_ANCESTORS]
+
+    @property
+    def token_needs_fix(self) -> torch.Tensor:
+        return self.device_rows[_TOKEN_NEEDS_FIX]
+
+
+@dataclass
+class TreeVerification:
+    """What the attention backends of this worker read: the step buffers, the last
+    published step (host rows, for the CPU backend), and which layers are the target's
+    (the DFlash drafter's layers run through the same backends and are left alone)."""
+
+    buffers: TreeStepBuffers
+    layers: frozenset[str]
+    rows_per_tree: int  # budget + 1
+    step: TreeStep | None = None
+    # While vLLM warms up and captures its graphs, the fix-up launches even with no
+    # trees (its rows then return at once), so that graphs contain it.
+    capturing: bool = False
+
+
+_INSTALLED: TreeVerification | None = None
+
+
+def install(verification: TreeVerification) -> None:
+    """Called once by the runner when the model is loaded (one engine per worker)."""
+    global _INSTALLED
+    _INSTALLED = verification
+
+
+def installed() -> TreeVerification | None:
+    return _INSTALLED
