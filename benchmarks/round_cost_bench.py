@@ -206,6 +206,7 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one method here
     args = parser.parse_args()
     models = args.models or args.out / "models"
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.one:  # a child process: one engine, its rows as JSON
         dirs = json.loads((models / "dirs.json").read_text())
         rows = run_method(args.one, dirs, args)
