@@ -13,7 +13,6 @@ from vllm_dominotree.toy_pair import PairSpec, drafter_config, drafter_tensors
 from vllm_dominotree.tree import (
     MarginalScorer,
     TreeShape,
-    batch_trees,
     build_trees,
     make_scorer,
 )
@@ -194,23 +193,3 @@ def test_spine_contains_the_chain(head):
         assert t.num_nodes - 1 == K + 6
         # The first K nodes are the greedy path, identical to the chain.
         assert t.tokens[: K + 1] == c.tokens and t.parents[: K + 1] == c.parents
-
-
-def test_batch_trees_masks_and_positions(head):
-    shape = TreeShape(budget=7, max_depth=K, max_children=3)
-    hidden, base, embed, anchors = random_step(head, 2, seed=1)
-    scorer = conditional(head, embed, shape, candidates=V, requests=2)
-    scorer.prepare(hidden, base)
-    trees = build_trees(scorer, anchors, shape)
-    batch = batch_trees(trees, budget=7)
-    positions = batch.positions(torch.tensor([10, 20]))
-    for r, tree in enumerate(trees):
-        n = tree.num_nodes
-        assert batch.num_nodes[r] == n
-        assert batch.tokens[r, :n].tolist() == tree.tokens
-        assert positions[r, :n].tolist() == [[10, 20][r] + d for d in tree.depths]
-        for i in range(n):
-            ancestors = {i, *tree.path(i)} | {0}
-            for j in range(batch.ancestor_mask.shape[-1]):
-                assert bool(batch.ancestor_mask[r, i, j]) == (j in ancestors and j < n)
-        assert not batch.ancestor_mask[r, n:].any()

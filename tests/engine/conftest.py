@@ -11,6 +11,8 @@ import gc
 import os
 
 import pytest
+import torch
+from stats_helpers import pooled_chi2_pvalue
 
 from vllm_dominotree.toy_pair import PairSpec, write_drafter, write_pair
 
@@ -102,3 +104,44 @@ def spec_metrics(llm) -> dict[str, float | list[float]]:
 
 def tree_stats(llm) -> dict:
     return llm.collective_rpc("dominotree_stats")[0]
+
+
+def target_law(target_dir: str, prefixes: list[tuple[int, ...]], params) -> dict:
+    """The target's own next-token law (after temperature / top-k / top-p) after each
+    prefix, from transformers."""
+    from transformers import AutoModelForCausalLM
+
+    from vllm_dominotree.tree import target_probs
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    law = {}
+    with torch.no_grad():
+        for prefix in prefixes:
+            logits = model(torch.tensor([prefix])).logits[0, -1:]
+            law[prefix] = target_probs(logits, params)[0].double()
+    return law
+
+
+def assert_sampled_law(llm, target_dir: str, requests: int = 600) -> None:
+    """Seeded requests of 3 tokens through the trees: for each position, the counts of
+    the sampled tokens must match the sum over requests of the target's exact law given
+    that request's own prefix."""
+    from vllm import SamplingParams
+
+    from vllm_dominotree.tree import SamplingParams as TreeParams
+
+    prompt = [5, 9, 12]
+    params = [
+        SamplingParams(temperature=0.9, top_k=12, top_p=0.95, max_tokens=3, seed=s, ignore_eos=True)
+        for s in range(requests)
+    ]
+    before = tree_stats(llm)["trees"]
+    outputs = llm.generate([{"prompt_token_ids": prompt}] * requests, params, use_tqdm=False)
+    assert tree_stats(llm)["trees"] > before, "the sampled run did not use trees"
+    runs = [tuple(prompt) + tuple(o.outputs[0].token_ids) for o in outputs]
+    prefixes = {r[: len(prompt) + i] for r in runs for i in range(3)}
+    law = target_law(target_dir, sorted(prefixes), TreeParams(0.9, 12, 0.95))
+    for i in range(len(prompt), len(prompt) + 3):
+        observed = torch.bincount(torch.tensor([r[i] for r in runs]), minlength=64).double()
+        expected = sum(law[r[:i]] for r in runs)
+        assert pooled_chi2_pvalue(observed, expected) > 1e-3

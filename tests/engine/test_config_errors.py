@@ -79,7 +79,7 @@ def test_drafter_reading_layers_the_target_lacks(pair_dirs, tmp_path):
     "engine_options, message",
     [
         ({"async_scheduling": True}, "drop async_scheduling"),
-        ({"tensor_parallel_size": 2}, "set tensor_parallel_size=1"),
+        ({"data_parallel_size": 2}, "set data_parallel_size=1"),
         ({"pipeline_parallel_size": 2}, "set pipeline_parallel_size=1"),
     ],
 )

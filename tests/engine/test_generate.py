@@ -5,11 +5,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
-from stats_helpers import pooled_chi2_pvalue
 
 from .conftest import (
     PROMPTS,
+    assert_sampled_law,
     dominotree,
     greedy,
     make_llm,
@@ -94,45 +93,8 @@ def test_vllm_metrics_agree_with_the_runner(pair_dirs):
     assert all(a >= b for a, b in itertools.pairwise(per_position))
 
 
-def target_law(target_dir: str, prefixes: list[tuple[int, ...]], params) -> dict:
-    """The target's own next-token law (after temperature / top-k / top-p) after each
-    prefix, from transformers."""
-    from transformers import AutoModelForCausalLM
-
-    from vllm_dominotree.tree import target_probs
-
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    law = {}
-    with torch.no_grad():
-        for prefix in prefixes:
-            logits = model(torch.tensor([prefix])).logits[0, -1:]
-            law[prefix] = target_probs(logits, params)[0].double()
-    return law
-
-
 def test_sampled_tokens_follow_the_target_distribution(conditional, pair_dirs):
-    """600 seeded requests of 3 tokens through the trees: for each position, the counts
-    of the sampled tokens must match the sum over requests of the target's exact law
-    given that request's own prefix."""
-    from vllm import SamplingParams
-
-    from vllm_dominotree.tree import SamplingParams as TreeParams
-
-    prompt = [5, 9, 12]
-    params = [
-        SamplingParams(temperature=0.9, top_k=12, top_p=0.95, max_tokens=3, seed=s, ignore_eos=True)
-        for s in range(600)
-    ]
-    before = tree_stats(conditional)["trees"]
-    outputs = conditional.generate([{"prompt_token_ids": prompt}] * 600, params, use_tqdm=False)
-    assert tree_stats(conditional)["trees"] > before, "the sampled run did not use trees"
-    runs = [tuple(prompt) + tuple(o.outputs[0].token_ids) for o in outputs]
-    prefixes = {r[: len(prompt) + i] for r in runs for i in range(3)}
-    law = target_law(pair_dirs["target"], sorted(prefixes), TreeParams(0.9, 12, 0.95))
-    for i in range(len(prompt), len(prompt) + 3):
-        observed = torch.bincount(torch.tensor([r[i] for r in runs]), minlength=64).double()
-        expected = sum(law[r[:i]] for r in runs)
-        assert pooled_chi2_pvalue(observed, expected) > 1e-3
+    assert_sampled_law(conditional, pair_dirs["target"])
 
 
 def test_seeds_reproduce(conditional):

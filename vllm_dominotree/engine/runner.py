@@ -30,6 +30,7 @@ from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .commit import CpuPathKVMover, drafter_rows_first
 from .profiling import LaunchTrace, StageClock
 from .proposer import DominoTreeProposer
+from .rank_check import make_rank_check
 from .tree_step import TreeStep, TreeStepBuffers, TreeVerification, install, tree_rows
 
 
@@ -116,6 +117,7 @@ class DominoTreeRunnerMixin:
             self._tree_buffers, self._target_layers, self.drafter.budget + 1
         )
         install(self._verification)
+        self._rank_check = make_rank_check()  # tensor parallelism: the ranks' trees agree
 
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
         super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
@@ -256,5 +258,7 @@ class DominoTreeRunnerMixin:
             sample_hidden_states, aux_hidden_states, *args,
         )  # fmt: skip
         req_ids = self.input_batch.req_ids[: self.input_batch.num_reqs]
+        if self._rank_check is not None:
+            self._rank_check(self.drafter.last_trees)
         self._trees = dict(zip(req_ids, self.drafter.last_trees, strict=True))
         return drafts

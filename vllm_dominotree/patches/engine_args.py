@@ -36,10 +36,11 @@ def prepare_engine_args(args: EngineArgs) -> None:
             "speculative method 'dominotree' does not support pipeline parallelism; "
             "set pipeline_parallel_size=1"
         )
-    if args.tensor_parallel_size != 1:
+    if args.data_parallel_size != 1:
         raise DominoTreeConfigError(
-            "speculative method 'dominotree' does not support tensor parallelism yet; "
-            "set tensor_parallel_size=1"
+            f"speculative method 'dominotree' does not support data parallelism yet "
+            f"(data_parallel_size={args.data_parallel_size}): run one engine per replica "
+            "(tensor parallelism within each works), or set data_parallel_size=1"
         )
     if args.async_scheduling:
         raise DominoTreeConfigError(

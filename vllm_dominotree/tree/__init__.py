@@ -1,7 +1,7 @@
 """Draft trees: the best-first builder, its scorers, and lossless acceptance (torch only)."""
 
 from .acceptance import SamplingParams, accept, draw_target_tokens, target_probs
-from .builder import Children, DraftTree, Expansion, TreeBatch, TreeShape, batch_trees, build_trees
+from .builder import Children, DraftTree, Expansion, TreeShape, build_trees
 from .scorers import ConditionalScorer, MarginalScorer, make_scorer
 
 __all__ = [
@@ -11,10 +11,8 @@ __all__ = [
     "Expansion",
     "MarginalScorer",
     "SamplingParams",
-    "TreeBatch",
     "TreeShape",
     "accept",
-    "batch_trees",
     "build_trees",
     "draw_target_tokens",
     "make_scorer",

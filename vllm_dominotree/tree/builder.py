@@ -185,36 +185,3 @@ def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[Dr
             return trees
         if new_nodes:
             expand(new_nodes)
-
-
-@dataclass
-class TreeBatch:
-    """The trees of one step as padded tensors (what verification needs).
-    Rows past num_nodes[r] are padding: token 0, parent -1, depth 0, masked out."""
-
-    tokens: torch.Tensor  # [R, N + 1] long
-    parents: torch.Tensor  # [R, N + 1] long, -1 for the root and padding
-    depths: torch.Tensor  # [R, N + 1] long
-    num_nodes: torch.Tensor  # [R] long (root included)
-    ancestor_mask: torch.Tensor  # [R, N + 1, N + 1] bool
-
-    def positions(self, start: torch.Tensor) -> torch.Tensor:
-        """start: [R] position of each root (anchor) -> [R, N + 1] node positions."""
-        return start[:, None] + self.depths
-
-
-def batch_trees(trees: list[DraftTree], budget: int) -> TreeBatch:
-    rows = budget + 1
-    r = len(trees)
-    tokens = torch.zeros(r, rows, dtype=torch.long)
-    parents = torch.full((r, rows), -1, dtype=torch.long)
-    depths = torch.zeros(r, rows, dtype=torch.long)
-    mask = torch.zeros(r, rows, rows, dtype=torch.bool)
-    for i, t in enumerate(trees):
-        n = t.num_nodes
-        tokens[i, :n] = torch.tensor(t.tokens)
-        parents[i, :n] = torch.tensor(t.parents)
-        depths[i, :n] = torch.tensor(t.depths)
-        mask[i, :n, :n] = t.ancestor_mask()
-    num_nodes = torch.tensor([t.num_nodes for t in trees], dtype=torch.long)
-    return TreeBatch(tokens, parents, depths, num_nodes, mask)
