@@ -225,7 +225,7 @@ class DominoTreeRunnerMixin:
                                     spec_decode_metadata.max_spec_len + 1)  # fmt: skip
             self._device_stats += step_counters(step, accepted)
             host = self._host_stats
-            host.steps += 1
+            host.steps += bool(step.trees)
             host.trees += len(step.trees)
             host.tree_leaves += step.leaves
             slot_mapping = self.input_batch.block_table[self._target_group].slot_mapping.gpu
