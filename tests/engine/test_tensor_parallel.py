@@ -136,3 +136,42 @@ def test_a_rank_that_drafts_another_tree_stops_the_engine(pair_dirs, capfd):
         assert "ranks [1] differ from rank 0" in logged
     finally:
         shutdown(llm)
+
+
+def test_tp2_server_serves_the_targets_tokens(pair_dirs, baseline, tmp_path):
+    """`--tensor-parallel-size 2` through vLLM's OpenAI server: completions of token-id
+    prompts, plain and streamed, equal the offline TP=1 engine without speculation."""
+    import json
+
+    import requests
+
+    from vllm_dominotree.server import ApiServer, ServerError, sse_events
+
+    spec = {"method": "dominotree", "model": pair_dirs["drafter"]}
+    args = ["--served-model-name", "toy", "--dtype", "float32", "--max-model-len", "256",
+            "--enforce-eager", "--seed", "0", "--tensor-parallel-size", "2",
+            "--speculative-config", json.dumps(spec)]  # fmt: skip
+    server = ApiServer.start(pair_dirs["target"], tmp_path / "server.log", args,
+                             env={"VLLM_CPU_KVCACHE_SPACE": "1",
+                                  "VLLM_CPU_OMP_THREADS_BIND": "0|1"})  # fmt: skip
+    try:
+        try:
+            server.wait_healthy(240)
+        except ServerError as err:
+            pytest.fail(str(err))
+        want = greedy(baseline, PROMPTS[:4], max_tokens=32)
+        for prompt, tokens in zip(PROMPTS[:4], want, strict=True):
+            body = {"model": "toy", "prompt": prompt, "max_tokens": 32, "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+            plain = requests.post(f"{server.url}/v1/completions", json=body, timeout=120)
+            assert plain.status_code == 200, plain.text
+            assert plain.json()["choices"][0]["token_ids"] == tokens
+            streamed = requests.post(f"{server.url}/v1/completions", json=body | {"stream": True},
+                                     stream=True, timeout=120)  # fmt: skip
+            got = [t for e in sse_events(streamed) for t in e["choices"][0].get("token_ids") or []]
+            assert got == tokens
+        metrics = requests.get(f"{server.url}/metrics", timeout=30).text
+        assert "vllm:spec_decode_num_accepted_tokens_total" in metrics
+        assert server.alive()
+    finally:
+        server.stop()

@@ -191,7 +191,7 @@ class DominoTreeRunnerMixin:
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
-        if self._step is not None:
+        if self._step is not None and self._step.trees:  # a verification step
             mode = decision[0].name  # CUDAGraphMode of this forward
             host = self._host_stats
             if mode == "FULL":
