@@ -51,6 +51,9 @@ class PathKVMover:
     """Built once, when the KV caches exist; called once per step."""
 
     def __init__(self, kv_caches: list[torch.Tensor]):
+        # Layers that share one cache (KV sharing) must move it once: two programs
+        # walking the same path in one cache would race.
+        kv_caches = list({c.data_ptr(): c for c in kv_caches}.values())
         first = kv_caches[0]
         for cache in kv_caches:
             if (

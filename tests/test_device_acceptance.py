@@ -110,7 +110,7 @@ def test_drafter_rows_follow_the_path_and_positions_stay_unique():
             rows = ids[t.token_row : t.token_row + t.num_rows].tolist()
             assert sorted(rows) == list(range(1000 + t.token_row, 1000 + t.token_row + t.num_rows))
             assert hidden[0][t.token_row : t.token_row + k + 1, 0].tolist() == keep
-        src, dst = moved_rows(got, step.query_start)
+        src, dst = moved_rows(got.path_offsets, got.num_accepted, step.query_start)
         want = []
         for t in step.trees:
             k = int(got.num_accepted[t.batch_index])

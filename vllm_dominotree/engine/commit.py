@@ -25,13 +25,17 @@ from .tree_step import TreeStep
 captured_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def moved_rows(accepted: Accepted, query_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def moved_rows(
+    path_offsets: torch.Tensor,  # [R, W] row offsets of each accepted path
+    num_accepted: torch.Tensor,  # [R]
+    query_start: torch.Tensor,  # [R + 1] each request's first forward row
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(source rows, destination rows) of the forward for every accepted node that is not
     already in place (host-side selection: CPU only)."""
-    depth = torch.arange(accepted.path_offsets.shape[1], device=query_start.device)
-    on_path = depth[None, :] < accepted.num_accepted[:, None]
+    depth = torch.arange(path_offsets.shape[1], device=query_start.device)
+    on_path = depth[None, :] < num_accepted[:, None]
     first = query_start[:-1, None].long()
-    src, dst = first + accepted.path_offsets, first + 1 + depth[None, :]
+    src, dst = first + path_offsets, first + 1 + depth[None, :]
     keep = on_path & (src != dst)
     return src[keep], dst[keep]
 
@@ -43,7 +47,7 @@ class CpuPathKVMover:
         self.layers = layers  # target layer name -> vLLM attention layer
 
     def __call__(self, slot_mapping, query_start, path_offsets, num_accepted) -> None:
-        src, dst = moved_rows(Accepted(None, path_offsets, num_accepted, None), query_start)
+        src, dst = moved_rows(path_offsets, num_accepted, query_start)
         if not src.numel():
             return
         slots = slot_mapping[dst]
