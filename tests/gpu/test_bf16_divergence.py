@@ -80,7 +80,8 @@ def generate(pair: dict, speculative_config) -> list[list[int]]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=pair["target"], dtype="bfloat16", max_model_len=2048, seed=0,
-              gpu_memory_utilization=0.3, speculative_config=speculative_config)  # fmt: skip
+              gpu_memory_utilization=0.3, kernel_config={"enable_jit_warmup": False},
+              speculative_config=speculative_config)  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in pair["prompts"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)

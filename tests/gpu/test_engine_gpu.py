@@ -26,8 +26,11 @@ def dirs(tmp_path_factory):
 def generate(dirs, speculative_config, prompts=PROMPTS, **kwargs):
     from vllm import LLM, SamplingParams
 
+    # No JIT kernel warm-up (about 30 s per engine start on the H200): the suite must fit
+    # one 9-minute command, and kernels compile on first use all the same.
     llm = LLM(model=str(dirs[0]), dtype="float32", max_model_len=512, seed=0,
               gpu_memory_utilization=0.25, max_num_seqs=16,
+              kernel_config={"enable_jit_warmup": False},
               speculative_config=speculative_config, **kwargs)  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
