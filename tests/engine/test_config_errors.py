@@ -79,13 +79,23 @@ def test_drafter_reading_layers_the_target_lacks(pair_dirs, tmp_path):
     "engine_options, message",
     [
         ({"async_scheduling": True}, "drop async_scheduling"),
-        ({"data_parallel_size": 2}, "set data_parallel_size=1"),
         ({"pipeline_parallel_size": 2}, "set pipeline_parallel_size=1"),
     ],
 )
 def test_unsupported_engine_options(pair_dirs, engine_options, message):
     with pytest.raises(DominoTreeConfigError, match=message):
         make_llm(pair_dirs, dominotree(pair_dirs), **engine_options)
+
+
+def test_data_parallelism_is_refused(pair_dirs):
+    """`LLM` refuses data_parallel_size > 1 itself; the API server's engine args (and
+    any EngineArgs) reach the plugin, which names the option."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=pair_dirs["target"], data_parallel_size=2,
+                      speculative_config=dominotree(pair_dirs))  # fmt: skip
+    with pytest.raises(DominoTreeConfigError, match="set data_parallel_size=1"):
+        args.create_engine_config()
 
 
 def test_recurrent_targets_are_refused():
