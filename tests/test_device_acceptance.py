@@ -51,13 +51,13 @@ def random_step(seed: int, vocab: int = 3):
     )
     target = torch.randint(vocab, (logits_row,), generator=gen)
     ends = np.cumsum(np.bincount(logits_requests, minlength=7))
-    step.query_start = torch.tensor([*query_start, token_row])  # what vLLM's metadata holds
-    return step, host, target, torch.from_numpy(ends - 1)
+    query_start = torch.tensor([*query_start, token_row])  # as vLLM's metadata holds it
+    return step, host, target, torch.from_numpy(ends - 1), query_start
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_batched_acceptance_equals_the_host_walk(seed):
-    step, host, target, last_rows = random_step(seed)
+    step, host, target, last_rows, _ = random_step(seed)
     width = 13
     got = accept_trees(step, target, last_rows, 7, width)
     trees = {r: tree for r, tree in host}
@@ -94,7 +94,7 @@ def test_drafter_rows_follow_the_path_and_positions_stay_unique():
     """After the reorder every request's first 1 + k rows are its root and path, and no
     two rows of a request share a position (the drafter's context slots come from them)."""
     for seed in range(10):
-        step, _, target, last_rows = random_step(seed)
+        step, _, target, last_rows, query_start = random_step(seed)
         got = accept_trees(step, target, last_rows, 7, 13)
         ids = torch.arange(1000, 1000 + step.num_tokens)
         tree_positions = torch.arange(step.num_tokens) + step.token_delta
@@ -110,7 +110,7 @@ def test_drafter_rows_follow_the_path_and_positions_stay_unique():
             rows = ids[t.token_row : t.token_row + t.num_rows].tolist()
             assert sorted(rows) == list(range(1000 + t.token_row, 1000 + t.token_row + t.num_rows))
             assert hidden[0][t.token_row : t.token_row + k + 1, 0].tolist() == keep
-        src, dst = moved_rows(got.path_offsets, got.num_accepted, step.query_start)
+        src, dst = moved_rows(got.path_offsets, got.num_accepted, query_start)
         want = []
         for t in step.trees:
             k = int(got.num_accepted[t.batch_index])

@@ -128,8 +128,6 @@ class TreeStep:
     trees: list[TreeRows]
     num_tokens: int
     num_logits: int
-    token_ancestors: torch.Tensor
-    token_needs_fix: torch.Tensor
     token_delta: torch.Tensor
     request: torch.Tensor  # per logits row
     in_tree: torch.Tensor
@@ -216,7 +214,6 @@ class TreeStepBuffers:
         d = self.device_rows
         return TreeStep(
             trees, num_tokens, num_logits,
-            token_ancestors=d[_TOKEN_ANCESTORS], token_needs_fix=d[_TOKEN_NEEDS_FIX],
             token_delta=d[_TOKEN_DELTA, :num_tokens], request=d[_REQUEST, :num_logits],
             in_tree=d[_IN_TREE, :num_logits],
             offset=d[_OFFSET, :num_logits], ancestors=d[_ANCESTORS, :num_logits],
