@@ -10,12 +10,7 @@ import torch
 from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.drafter.checkpoint import write_checkpoint
 from vllm_dominotree.toy_pair import PairSpec, drafter_config, drafter_tensors
-from vllm_dominotree.tree import (
-    MarginalScorer,
-    TreeShape,
-    build_trees,
-    make_scorer,
-)
+from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 
 V, K = 40, 5
 
@@ -46,6 +41,21 @@ def conditional(head, embed, shape, candidates, requests, prefix_len=1):
                        prefix_len=prefix_len, max_requests=requests)  # fmt: skip
 
 
+def marginal(embed, shape, requests):
+    return make_scorer("marginal", None, embed, shape=shape, candidates=V, prefix_len=1,
+                       max_requests=requests)  # fmt: skip
+
+
+def device_trees(scorer, shape, anchors, *, chain=False, max_requests=None):
+    builder = DeviceTreeBuilder(scorer, shape, chain=chain, device=torch.device("cpu"),
+                                max_requests=max_requests or len(anchors))  # fmt: skip
+    return builder.build(torch.tensor(anchors))
+
+
+def as_tuples(trees):
+    return [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in trees]
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("kind", ["conditional", "marginal"])
 def test_tree_properties(head, seed, kind):
@@ -55,7 +65,7 @@ def test_tree_properties(head, seed, kind):
     shape = TreeShape(budget=budget, max_depth=K, max_children=children)
     hidden, base, embed, anchors = random_step(head, 3, seed)
     if kind == "marginal":
-        scorer = MarginalScorer(children)
+        scorer = marginal(embed, shape, requests=3)
     else:
         scorer = conditional(head, embed, shape, candidates=16, requests=3)
     scorer.prepare(hidden, base)
@@ -139,10 +149,7 @@ def test_chain_equals_released_domino_decode(head):
     scorer.prepare(hidden, base)
     trees = build_trees(scorer, anchors, shape)
     # The engine's unrolled chain (one host copy at the end) builds the very same trees.
-    unrolled = scorer.chains(torch.tensor(anchors))
-    assert [(t.tokens, t.parents, t.scores) for t in unrolled] == [
-        (t.tokens, t.parents, t.scores) for t in trees
-    ]
+    assert as_tuples(device_trees(scorer, shape, anchors, chain=True)) == as_tuples(trees)
     for r, tree in enumerate(trees):
         drafts = [int(base[r, 0].argmax())]
         state = head.gru_step(embed[drafts[0]][None], head.initial_state(embed[anchors[r]][None]))
@@ -157,18 +164,17 @@ def test_chain_equals_released_domino_decode(head):
 def test_marginal_chain_is_the_marginal_argmax(head):
     shape = TreeShape(budget=K, max_depth=K, max_children=1)
     hidden, base, embed, anchors = random_step(head, 3, seed=5)
-    scorer = make_scorer("marginal", None, embed, shape=shape, candidates=4, prefix_len=1,
-                         max_requests=3)  # fmt: skip
+    scorer = marginal(embed, shape, requests=3)
     scorer.prepare(hidden, base)
-    chains = scorer.chains(torch.tensor(anchors))
-    assert [t.tokens for t in chains] == [t.tokens for t in build_trees(scorer, anchors, shape)]
+    chains = device_trees(scorer, shape, anchors, chain=True)
+    assert as_tuples(chains) == as_tuples(build_trees(scorer, anchors, shape))
     assert [t.tokens[1:] for t in chains] == base.argmax(-1).tolist()
 
 
 def test_marginal_tree_is_path_independent(head):
     shape = TreeShape(budget=20, max_depth=K, max_children=4)
-    hidden, base, _, anchors = random_step(head, 1, seed=5)
-    scorer = MarginalScorer(4)
+    hidden, base, embed, anchors = random_step(head, 1, seed=5)
+    scorer = marginal(embed, shape, requests=1)
     scorer.prepare(hidden, base)
     tree = build_trees(scorer, anchors, shape)[0]
     logp = torch.log_softmax(base[0], -1)
@@ -193,3 +199,44 @@ def test_spine_contains_the_chain(head):
         assert t.num_nodes - 1 == K + 6
         # The first K nodes are the greedy path, identical to the chain.
         assert t.tokens[: K + 1] == c.tokens and t.parents[: K + 1] == c.parents
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("kind", ["conditional", "marginal"])
+def test_device_builder_equals_host_heap(head, seed, kind):
+    """The device builder (fixed pops, frontier argmax) builds the host heap's trees bit
+    for bit: tokens, parents, depths, float64 scores, and pop order (slot numbering).
+    Marginal logits rounded to integers make many scores tie, so the heap's push-order
+    tie-breaking is exercised; small budgets and widths run frontiers dry."""
+    gen = torch.Generator().manual_seed(200 + seed)
+    budget = int(torch.randint(1, 24, (1,), generator=gen))
+    children = int(torch.randint(1, 5, (1,), generator=gen))
+    spine = bool(seed % 2)
+    shape = TreeShape(budget=budget, max_depth=K, max_children=children, spine=spine)
+    requests = int(torch.randint(1, 6, (1,), generator=gen))
+    hidden, base, embed, anchors = random_step(head, requests, seed)
+    if seed % 3 == 0:
+        base = base.round()  # ties
+    if kind == "marginal":
+        scorer = marginal(embed, shape, requests=8)
+    else:
+        scorer = conditional(head, embed, shape, candidates=int(V * 0.4), requests=8)
+    scorer.prepare(hidden, base)
+    host = build_trees(scorer, anchors, shape)
+    device = device_trees(scorer, shape, anchors, max_requests=8)
+    assert as_tuples(device) == as_tuples(host)
+    assert all(t.num_nodes > 1 for t in host)
+
+
+def test_device_builder_ties_pop_in_push_order(head):
+    """All marginals equal: every candidate of a depth ties, so the tree is decided by
+    push order alone (the heap's rule: earlier pushes first)."""
+    shape = TreeShape(budget=10, max_depth=K, max_children=3)
+    _, _, embed, anchors = random_step(head, 2, seed=1)
+    scorer = marginal(embed, shape, requests=2)
+    scorer.prepare(None, torch.zeros(2, K, V))
+    host = build_trees(scorer, anchors, shape)
+    assert as_tuples(device_trees(scorer, shape, anchors)) == as_tuples(host)
+    # Depth 2's offers all score 2 log(1/V): node 1's first child was pushed first, then
+    # node 2's, node 3's, then node 1's second child (pushed when its first was popped).
+    assert host[0].parents[:8] == [-1, 0, 0, 0, 1, 2, 3, 1]

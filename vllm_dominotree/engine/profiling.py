@@ -67,15 +67,18 @@ class LaunchTrace:
         self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         self._profiler.__enter__()
 
-    def stop(self) -> dict[str, int]:
+    def stop(self) -> dict:
         """Counts of graph replays, eager kernel launches and host waits since start()
-        (plus every CUDA API call by name, for a closer look)."""
+        (plus every CUDA API call by name, and the profiler's tables of host ops and of
+        device kernels by self time, for a closer look)."""
         profiler, self._profiler = self._profiler, None
         profiler.__exit__(None, None, None)
         calls: dict[str, int] = defaultdict(int)
         for event in profiler.events():
             if event.name.startswith(("cuda", "cu")) and event.device_type.name == "CPU":
                 calls[event.name] += 1
+
+        averages = profiler.key_averages()
 
         def total(names):
             return sum(calls.get(n, 0) for n in names)
@@ -84,4 +87,6 @@ class LaunchTrace:
                 "kernel_launches": total(KERNEL_LAUNCHES),
                 "host_waits": total(HOST_WAITS),
                 "memcpy_async": calls.get("cudaMemcpyAsync", 0),
-                "calls": dict(calls)}  # fmt: skip
+                "calls": dict(calls),
+                "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
+                "kernels": averages.table(sort_by="self_cuda_time_total", row_limit=40)}  # fmt: skip

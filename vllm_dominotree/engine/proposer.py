@@ -19,7 +19,8 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from ..config import DominoTreeConfig
 from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
-from ..tree.builder import DraftTree, build_trees
+from ..tree.builder import DraftTree
+from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import make_scorer
 from .profiling import StageClock
 from .speculative import ADDITIONAL_CONFIG_KEY
@@ -33,6 +34,7 @@ class DominoTreeProposer(DFlashProposer):
         self.shape = self.options.tree_shape(self.spec.num_drafts)
         self.budget = self.num_speculative_tokens  # verification rows per request - 1
         self.scorer = None
+        self.builder: DeviceTreeBuilder | None = None
         self.last_trees: list[DraftTree] = []
         self.clock = StageClock(device)  # the runner shares its own
 
@@ -52,8 +54,19 @@ class DominoTreeProposer(DFlashProposer):
             candidates=self.options.candidates,
             prefix_len=self.spec.pure_draft_prefix_len,
             max_requests=self.max_batch_size,
-            use_cuda_graphs=self.device.type == "cuda",
         )
+        self.builder = DeviceTreeBuilder(
+            self.scorer,
+            self.shape,
+            chain=self.options.scorer == "chain",
+            max_requests=self.max_batch_size,
+            device=self.device,
+        )
+
+    def capture_builder(self) -> None:
+        """The builder's CUDA graphs, one per padded batch size (the runner calls this
+        while vLLM captures its own)."""
+        self.builder.capture()
 
     def _full_embedding(self) -> torch.Tensor:
         """The target's embedding table over the whole vocabulary, [V, H]: the builder
@@ -95,10 +108,7 @@ class DominoTreeProposer(DFlashProposer):
                                               mm_embed_inputs, num_rejected_tokens_gpu)  # fmt: skip
         with self.clock.stage("build"):
             self.scorer.prepare(hidden, base_logits)
-            if self.options.scorer == "chain":
-                self.last_trees = self.scorer.chains(next_token_ids)
-            else:
-                self.last_trees = build_trees(self.scorer, next_token_ids.tolist(), self.shape)
+            self.last_trees = self.builder.build(next_token_ids)
             pad = [0] * self.budget
             return [(tree.tokens[1:] + pad)[: self.budget] for tree in self.last_trees]
 

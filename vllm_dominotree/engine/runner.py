@@ -49,6 +49,10 @@ class DominoTreeStats:
     full_graph_steps: int = 0
     piecewise_steps: int = 0
     eager_steps: int = 0
+    # Tree builds by how they ran: one captured CUDA graph, or eagerly (CPU; on CUDA a
+    # batch size without a graph).
+    graph_builds: int = 0
+    eager_builds: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -137,16 +141,20 @@ class DominoTreeRunnerMixin:
     def capture_model(self, *args, **kwargs):
         self._verification.capturing = True
         try:
-            return super().capture_model(*args, **kwargs)
+            out = super().capture_model(*args, **kwargs)
         finally:
             self._verification.capturing = False
+        if self.device.type == "cuda":
+            self.drafter.capture_builder()
+        return out
 
     def read_stats(self) -> DominoTreeStats:
         accepted, siblings, moves = self._device_stats.tolist()
-        host = self._host_stats
+        host, builds = self._host_stats, self.drafter.builder.counts
         return DominoTreeStats(host.steps, host.trees, accepted, siblings, moves,
                                host.tree_leaves, host.full_graph_steps, host.piecewise_steps,
-                               host.eager_steps)  # fmt: skip
+                               host.eager_steps, builds.graph_builds,
+                               builds.eager_builds)  # fmt: skip
 
     def execute_model(self, *args, **kwargs):
         with self.stage_clock.stage("step"):

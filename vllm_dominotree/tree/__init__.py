@@ -2,11 +2,13 @@
 
 from .acceptance import SamplingParams, accept, draw_target_tokens, target_probs
 from .builder import Children, DraftTree, Expansion, TreeShape, build_trees
+from .device_builder import DeviceTreeBuilder
 from .scorers import ConditionalScorer, MarginalScorer, make_scorer
 
 __all__ = [
     "Children",
     "ConditionalScorer",
+    "DeviceTreeBuilder",
     "DraftTree",
     "Expansion",
     "MarginalScorer",

@@ -1,0 +1,79 @@
+"""Device builder (one captured CUDA graph per build) == host heap, on Qwen3-4B-shaped
+random weights in bf16 (H200 only): every scorer, batch 1 and 8."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_dominotree.toy_pair import random_domino_head
+from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
+
+HIDDEN, VOCAB, GRU, RANK, K = 2560, 151936, 1024, 256, 16
+
+# Each builder compiles its own steps; the default limit of 8 would run later ones eagerly.
+torch._dynamo.config.recompile_limit = 64
+
+
+@pytest.fixture(scope="module")
+def head():
+    return random_domino_head(
+        hidden=HIDDEN,
+        vocab=VOCAB,
+        gru_hidden=GRU,
+        emb_dim=RANK,
+        device="cuda",
+        dtype=torch.bfloat16,
+    )
+
+
+@pytest.fixture(scope="module")
+def embed():
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    return torch.randn(VOCAB, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+
+
+def step_inputs(requests: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    hidden = torch.randn(requests, K, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    base = (4 * torch.randn(requests, K, VOCAB, generator=gen, device="cuda")).to(torch.bfloat16)
+    anchors = torch.randint(0, VOCAB, (requests,), generator=gen, device="cuda")
+    return hidden, base, anchors
+
+
+CASES = [
+    ("conditional", 16, 64, False),
+    ("conditional", 32, 128, True),
+    ("conditional", 64, 32, False),
+    ("marginal", 16, 64, False),
+    ("chain", K, VOCAB, False),
+]
+
+
+@pytest.mark.parametrize("requests", [1, 8])
+@pytest.mark.parametrize("kind, budget, candidates, spine", CASES)
+def test_device_trees_equal_host_heap(head, embed, requests, kind, budget, candidates, spine):
+    chain = kind == "chain"
+    shape = (
+        TreeShape(budget=K, max_depth=K, max_children=1)
+        if chain
+        else TreeShape(budget=budget, max_depth=K, max_children=budget, spine=spine)
+    )
+    scorer = make_scorer(
+        kind, head, embed, shape=shape, candidates=candidates, prefix_len=1, max_requests=requests
+    )
+    builder = DeviceTreeBuilder(
+        scorer, shape, chain=chain, max_requests=requests, device=torch.device("cuda")
+    )
+    builder.capture()
+    for seed in range(3):
+        hidden, base, anchors = step_inputs(requests, seed)
+        scorer.prepare(hidden, base)
+        device = builder.build(anchors)
+        host = build_trees(scorer, anchors.tolist(), shape)
+        for d, h in zip(device, host, strict=True):
+            assert (d.tokens, d.parents, d.depths) == (h.tokens, h.parents, h.depths)
+            assert d.scores == h.scores  # bit-identical float64, not approximately
+            assert h.num_nodes - 1 == shape.budget
+            assert max(h.depths) > 1, "a tree of depth 1 would not exercise the states"
+    assert builder.counts.graph_builds == 3 and builder.counts.eager_builds == 0

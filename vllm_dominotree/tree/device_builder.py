@@ -1,0 +1,243 @@
+"""The best-first builder on the device: every request's tree in fixed-shape tensors.
+
+The same trees as the host heap (builder.py: tokens, parents, scores and pop order, bit
+for bit), computed without a host round trip: a tree of budget B takes exactly B pops,
+each one argmax over the frontier of every request at once, and the scorer's per-node
+step for the popped nodes. On CUDA the whole build (B pops, B - 1 scorer steps, the
+root's) is one CUDA graph per padded batch size, captured at engine start; the host
+reads the finished trees with one copy. On CPU the same function runs eagerly.
+
+Per request, node slots 0..B hold the tree in pop order (slot 0 the root) and slot B + 1
+is a scratch slot that requests without a pop write. The frontier is per slot: a node
+whose children are known offers its best child not yet popped (`next_rank`; C means
+none), pushed at `push_seq`. The heap pops the highest cumulative log-probability and,
+among equal scores, the earliest push; per request, iteration t pushes the popped node's
+next sibling (2t) before the new node's first child (2t + 1), as the heap does, so the
+smallest `push_seq` among the tied is the heap's pick. Scores add the children's float64
+log-probs in the same order as the heap, hence are the same doubles.
+
+With `spine`, the spine tip's best child is owed before anything is popped (builder.py).
+The chain (one child per node, one block) is the scorer's own unrolled decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .builder import DraftTree, TreeShape
+from .scorers import ConditionalScorer, MarginalScorer, compiled, padded_rows
+
+UNUSED = -2  # parent of a slot that holds no node (a tree that ran out of candidates)
+
+
+@dataclass
+class BuildCounts:
+    """How the builds of this engine ran: a build outside the captured graphs on CUDA
+    means a batch size no graph was captured for (visible in the runner's stats)."""
+
+    graph_builds: int = 0
+    eager_builds: int = 0
+
+
+class DeviceTreeBuilder:
+    def __init__(
+        self,
+        scorer: ConditionalScorer | MarginalScorer,
+        shape: TreeShape,
+        *,
+        chain: bool,
+        max_requests: int,
+        device: torch.device,
+    ):
+        self.scorer, self.shape, self.chain = scorer, shape, chain
+        self.max_requests, self.device = max_requests, device
+        r, n, c = max_requests, shape.budget + 2, scorer.max_children
+        self.slots = shape.budget + 1  # tree nodes; slot `slots` is the scratch slot
+        self.anchors = torch.zeros(r, device=device, dtype=torch.long)
+        # The finished trees: tokens, parents, depths, scores per slot, as float64 (token
+        # ids are exact) so that the host reads them in one copy.
+        self.trees = torch.zeros(r, 4, self.slots, device=device, dtype=torch.float64)
+        pinned = device.type == "cuda"
+        self.trees_host = torch.zeros(r, 4, self.slots, dtype=torch.float64, pin_memory=pinned)
+        self.tokens = torch.zeros(r, n, device=device, dtype=torch.long)
+        self.parents = torch.zeros(r, n, device=device, dtype=torch.long)
+        self.depths = torch.zeros(r, n, device=device, dtype=torch.long)
+        self.scores = torch.zeros(r, n, device=device, dtype=torch.float64)
+        self.child_logprobs = torch.zeros(r, n, c, device=device, dtype=torch.float64)
+        self.child_tokens = torch.zeros(r, n, c, device=device, dtype=torch.long)
+        self.next_rank = torch.zeros(r, n, device=device, dtype=torch.long)
+        self.push_seq = torch.zeros(r, n, device=device, dtype=torch.long)
+        self.count = torch.zeros(r, device=device, dtype=torch.long)  # nodes, root included
+        self.spine_tip = torch.zeros(r, device=device, dtype=torch.long)  # -1: none owed
+        self.rows = torch.arange(r, device=device)
+        self.seqs = torch.arange(-1, 2 * shape.budget, device=device)  # push_seq values
+        self.counts = BuildCounts()
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        self._pop = compiled(self._pop_rows, device)
+
+    @torch.no_grad()
+    def build(self, anchors: torch.Tensor) -> list[DraftTree]:
+        """anchors: [R] the last verified token of each request, on the device; the
+        scorer is prepared for these R requests. One host wait, for the finished trees."""
+        n = anchors.shape[0]
+        p = padded_rows(n, self.max_requests)
+        self.anchors[:n].copy_(anchors)
+        graph = self._graphs.get(p)
+        if graph is not None:
+            graph.replay()
+            self.counts.graph_builds += 1
+        else:
+            self._grow(p)
+            self.counts.eager_builds += 1
+        self.trees_host[:n].copy_(self.trees[:n], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        return [_draft_tree(*rows) for rows in self.trees_host[:n].tolist()]
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Capture the build for every padded batch size (CUDA; at engine start, so that
+        no request waits for a capture). The scorer's tables may hold anything here."""
+        sizes = sorted({padded_rows(n, self.max_requests) for n in range(1, self.max_requests + 1)})
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compiles and warms every shape
+            for p in sizes:
+                self._grow(p)
+        torch.cuda.current_stream().wait_stream(side)
+        for p in reversed(sizes):  # the largest first: later graphs reuse its pool
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._grow(p)
+            self._pool = graph.pool()
+            self._graphs[p] = graph
+
+    def _grow(self, p: int) -> None:
+        """The whole build for p padded rows, from self.anchors into self.trees."""
+        anchors, rows = self.anchors[:p], self.rows[:p]
+        if self.chain:
+            drafts, logprobs = self.scorer.chain(anchors)  # [p, K] each
+            k = drafts.shape[1]
+            scores = [torch.zeros_like(logprobs[:, 0])]
+            for d in range(k):  # sequential float64 sums, as the heap's
+                scores.append(scores[-1] + logprobs[:, d])
+            out = self.trees[:p]
+            out[:, 0, : k + 1] = torch.cat([anchors[:, None], drafts], 1).double()
+            out[:, 1, : k + 1] = torch.arange(-1, k, device=self.device).double()
+            out[:, 2, : k + 1] = torch.arange(k + 1, device=self.device).double()
+            out[:, 3, : k + 1] = torch.stack(scores, 1)
+            out[:, :, k + 1 :] = UNUSED
+            return
+        self.tokens[:p] = -1
+        self.tokens[:p, 0] = anchors
+        self.parents[:p] = UNUSED
+        self.parents[:p, 0] = -1
+        self.depths[:p] = 0
+        self.scores[:p] = 0
+        self.next_rank[:p] = self.scorer.max_children  # nothing offered
+        self.push_seq[:p] = 0
+        self.count[:p] = 1
+        self.spine_tip[:p] = 0 if self.shape.spine else -1
+        zeros = torch.zeros_like(anchors)
+        root_parent = torch.full_like(anchors, self.scorer.zero_slot)
+        every = torch.ones_like(anchors, dtype=torch.bool)
+        self._expand(rows, zeros, root_parent, anchors, zeros, every, self.seqs[0])
+        for t in range(self.shape.budget):
+            node, parent, token, depth, expand = self._pop(
+                self.tokens[:p],
+                self.parents[:p],
+                self.depths[:p],
+                self.scores[:p],
+                self.child_logprobs[:p],
+                self.child_tokens[:p],
+                self.next_rank[:p],
+                self.push_seq[:p],
+                self.count[:p],
+                self.spine_tip[:p],
+                self.seqs[1 + 2 * t],
+            )
+            if t + 1 < self.shape.budget:  # the last pop fills the tree: no children needed
+                self._expand(rows, node, parent, token, depth, expand, self.seqs[2 + 2 * t])
+        out, s = self.trees[:p], self.slots
+        out[:, 0], out[:, 1] = self.tokens[:p, :s], self.parents[:p, :s]
+        out[:, 2], out[:, 3] = self.depths[:p, :s], self.scores[:p, :s]
+
+    def _expand(self, rows, node, parent, token, depth, expand, seq) -> None:
+        """The scorer's children for every row's new node; rows with `expand` False
+        compute into the scratch slots."""
+        state_slot = torch.where(expand, node, self.scorer.scratch_slot)
+        logprobs, tokens = self.scorer.children(
+            rows, state_slot, parent, token, torch.where(expand, depth, 0)
+        )
+        slot = torch.where(expand, node, self.slots)
+        self.child_logprobs[rows, slot] = logprobs
+        self.child_tokens[rows, slot] = tokens
+        owed = self.spine_tip[rows] == node  # the spine's next node: popped without a push
+        self.next_rank[rows, slot] = torch.where(owed, self.scorer.max_children, 0)
+        self.push_seq[rows, slot] = seq
+
+    def _pop_rows(
+        self,
+        tokens,
+        parents,
+        depths,
+        scores,
+        child_logprobs,
+        child_tokens,
+        next_rank,
+        push_seq,
+        count,
+        spine_tip,
+        seq,
+    ):
+        """One pop for every request ([p, slots + 1] tensors, updated in place) ->
+        the new node's slot, parent, token, depth, and whether it needs children."""
+        shape, c, slots = self.shape, self.scorer.max_children, self.slots
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        offered = next_rank[:, :slots] < c
+        rank = next_rank[:, :slots].clamp(max=c - 1)
+        offer = scores[:, :slots] + child_logprobs[:, :slots].gather(2, rank[..., None])[..., 0]
+        offer = torch.where(offered, offer, float("-inf"))
+        tied = offered & (offer == offer.max(1, keepdim=True).values)
+        first = torch.where(tied, push_seq[:, :slots], torch.iinfo(torch.long).max).argmin(1)
+        owed = spine_tip >= 0
+        parent = torch.where(owed, spine_tip, first)
+        rank = torch.where(owed, 0, rank[rows, parent])
+        score = scores[rows, parent] + child_logprobs[rows, parent, rank]
+        pop = (owed | tied.any(1)) & (count - 1 < shape.budget)
+        node = torch.where(pop, count, slots)
+        token = child_tokens[rows, parent, rank]
+        depth = depths[rows, parent] + 1
+        tokens[rows, node] = token
+        parents[rows, node] = parent
+        depths[rows, node] = depth
+        scores[rows, node] = score
+        # The popped offer gives way to the parent's next child (rank c: none left).
+        sibling_slot = torch.where(pop, parent, slots)
+        next_rank[rows, sibling_slot] = rank + 1
+        push_seq[rows, sibling_slot] = seq
+        count += pop
+        spine_tip.copy_(
+            torch.where(owed & pop, torch.where(depth < shape.max_depth, node, -1), spine_tip)
+        )
+        expand = pop & (depth < shape.max_depth) & (count - 1 < shape.budget)
+        return node, parent, token, depth, expand
+
+
+def _draft_tree(
+    tokens: list[float], parents: list[float], depths: list[float], scores: list[float]
+) -> DraftTree:
+    n = sum(p != UNUSED for p in parents)
+    tree = DraftTree(
+        [int(t) for t in tokens[:n]],
+        [int(p) for p in parents[:n]],
+        [int(d) for d in depths[:n]],
+        scores[:n],
+        [[] for _ in range(n)],
+    )
+    for node in range(1, n):
+        tree.children[tree.parents[node]].append(node)
+    return tree
