@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -205,6 +206,22 @@ def report(rows: list[dict], args) -> None:
                                            "rows": rows}, header, table, intro)  # fmt: skip
 
 
+MODELS = "models"  # the child that writes the random models
+
+
+def wait_for_idle_gpu(limit_s: float = 120.0) -> None:
+    """Until no process holds the GPU (a killed engine's process may outlive its parent
+    by seconds), or the limit passes; without nvidia-smi (CPU), at once."""
+    if shutil.which("nvidia-smi") is None:
+        return
+    deadline = time.monotonic() + limit_s
+    query = ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]
+    while subprocess.run(query, capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            raise SystemExit("the GPU is still held by another process; stop it first")
+        time.sleep(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -219,24 +236,31 @@ def main() -> None:
     args = parser.parse_args()
     models = args.models or args.out / "models"
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.one == MODELS:  # a child process: the random models (on the GPU if any)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        (models / "dirs.json").write_text(json.dumps(write_models(models, args.shape, device)))
+        return
     if args.one:  # a child process: one engine, its rows as JSON
         dirs = json.loads((models / "dirs.json").read_text())
         rows = run_method(args.one, dirs, args)
         (args.out / f"rows-{args.one}.json").write_text(json.dumps(rows))
         return
+    # This process never touches the GPU: every engine needs all of its memory, so the
+    # models and each method get a process of their own, started once the last one's
+    # engine has let go of the GPU.
     started = time.perf_counter()
-    # Writing the models touches CUDA in this process; its children start engines.
-    dirs = write_models(models, args.shape, "cuda" if torch.cuda.is_available() else "cpu")
-    (models / "dirs.json").write_text(json.dumps(dirs))
-    print(f"models ready in {time.perf_counter() - started:.1f} s", flush=True)
     rows: list[dict] = []
-    for method in args.methods:
+    for method in [MODELS, *args.methods]:
         env = dict(os.environ)
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         if method == "dflash-v1":
             env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        wait_for_idle_gpu()
         child = [sys.executable, __file__, "--one", method, *sys.argv[1:]]
         subprocess.run(child, env=env, check=True)
+        if method == MODELS:
+            print(f"models ready in {time.perf_counter() - started:.1f} s", flush=True)
+            continue
         rows += json.loads((args.out / f"rows-{method}.json").read_text())
         report(rows, args)
     print((args.out / "round_cost.md").read_text())
