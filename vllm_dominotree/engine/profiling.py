@@ -83,10 +83,12 @@ class LaunchTrace:
         def total(names):
             return sum(calls.get(n, 0) for n in names)
 
-        return {"graph_launches": total(GRAPH_LAUNCHES),
-                "kernel_launches": total(KERNEL_LAUNCHES),
-                "host_waits": total(HOST_WAITS),
-                "memcpy_async": calls.get("cudaMemcpyAsync", 0),
-                "calls": dict(calls),
-                "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
-                "kernels": averages.table(sort_by="self_cuda_time_total", row_limit=40)}  # fmt: skip
+        return {
+            "graph_launches": total(GRAPH_LAUNCHES),
+            "kernel_launches": total(KERNEL_LAUNCHES),
+            "host_waits": total(HOST_WAITS),
+            "memcpy_async": calls.get("cudaMemcpyAsync", 0),
+            "calls": dict(calls),
+            "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
+            "kernels": averages.table(sort_by="self_cuda_time_total", row_limit=40),
+        }

@@ -19,11 +19,11 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from ..config import DominoTreeConfig
 from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
-from ..tree.builder import DraftTree
+from ..speculative import ADDITIONAL_CONFIG_KEY
+from ..tree.builder import DraftTree, build_trees
 from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import make_scorer
 from .profiling import StageClock
-from .speculative import ADDITIONAL_CONFIG_KEY
 
 
 class DominoTreeProposer(DFlashProposer):
@@ -55,6 +55,11 @@ class DominoTreeProposer(DFlashProposer):
             prefix_len=self.spec.pure_draft_prefix_len,
             max_requests=self.max_batch_size,
         )
+        # CUDA: the device builder, one captured graph per build. CPU: the host heap for
+        # trees, the device builder's reference (same trees, tests/test_tree_builder.py):
+        # without graphs the fixed-shape pops cost more torch calls than the heap's
+        # (benchmarks/results/cpu_builder_choice.md); the chain is the scorer's unrolled
+        # decoder on both.
         self.builder = DeviceTreeBuilder(
             self.scorer,
             self.shape,
@@ -67,6 +72,12 @@ class DominoTreeProposer(DFlashProposer):
         """The builder's CUDA graphs, one per padded batch size (the runner calls this
         while vLLM captures its own)."""
         self.builder.capture()
+
+    def _build(self, anchors: torch.Tensor) -> list[DraftTree]:
+        if self.device.type == "cuda" or self.builder.chain:
+            return self.builder.build(anchors)
+        self.builder.counts.eager_builds += 1
+        return build_trees(self.scorer, anchors.tolist(), self.shape)
 
     def _full_embedding(self) -> torch.Tensor:
         """The target's embedding table over the whole vocabulary, [V, H]: the builder
@@ -108,7 +119,7 @@ class DominoTreeProposer(DFlashProposer):
                                               mm_embed_inputs, num_rejected_tokens_gpu)  # fmt: skip
         with self.clock.stage("build"):
             self.scorer.prepare(hidden, base_logits)
-            self.last_trees = self.builder.build(next_token_ids)
+            self.last_trees = self._build(next_token_ids)
             pad = [0] * self.budget
             return [(tree.tokens[1:] + pad)[: self.budget] for tree in self.last_trees]
 

@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import vllm.v1.worker.gpu_model_runner as gpu_model_runner
 from vllm.v1.outputs import SamplerOutput
 
-from ..patches.worker_classes import swapped
+from ..patches.worker_classes import runner_builds_proposer
 from ..tree.builder import DraftTree
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .commit import CpuPathKVMover, drafter_rows_first
@@ -96,7 +95,7 @@ class DominoTreeRunnerMixin:
     """Mixed into vLLM's V1 GPUModelRunner / CPUModelRunner (cpu_worker.py, gpu_worker.py)."""
 
     def __init__(self, vllm_config, device):
-        with swapped(gpu_model_runner, "DFlashProposer", DominoTreeProposer):
+        with runner_builds_proposer(DominoTreeProposer):
             super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
         self.stage_clock = self.drafter.clock = StageClock(self.device)

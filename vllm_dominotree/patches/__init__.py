@@ -23,8 +23,9 @@ Besides these, the tree runner (engine/runner.py) subclasses the V1 runner and o
 
 `apply_frontend_patches()` is called from the plugin entry point in every process (it is
 cheap and idempotent); it refuses a vLLM version the plugin was not built for. The
-worker-side patches are applied by the DominoTree worker classes, so engines that do not
-use the method are left as vLLM made them.
+worker-side patches are applied by the DominoTree worker classes (engine/ imports them
+from here; nothing here imports engine/), so engines that do not use the method are
+left as vLLM made them.
 """
 
 from __future__ import annotations

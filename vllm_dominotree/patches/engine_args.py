@@ -18,7 +18,7 @@ from vllm.platforms import current_platform
 
 from ..config import DominoTreeConfigError
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
-from ..engine.speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
+from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
 
 CPU_WORKER = "vllm_dominotree.engine.cpu_worker.DominoTreeCPUWorker"
 GPU_WORKER = "vllm_dominotree.engine.gpu_worker.DominoTreeGPUWorker"

@@ -20,7 +20,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.input_processor import InputProcessor
 
-from ..engine.speculative import ADDITIONAL_CONFIG_KEY
+from ..speculative import ADDITIONAL_CONFIG_KEY
 
 
 def unsupported_features(params: SamplingParams) -> list[tuple[str, object]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from vllm.config.vllm import VllmConfig
 
-from ..engine.speculative import ADDITIONAL_CONFIG_KEY
+from ..speculative import ADDITIONAL_CONFIG_KEY
 
 
 def patch_model_runner_choice() -> None:

@@ -5,7 +5,9 @@ for bit), computed without a host round trip: a tree of budget B takes exactly B
 each one argmax over the frontier of every request at once, and the scorer's per-node
 step for the popped nodes. On CUDA the whole build (B pops, B - 1 scorer steps, the
 root's) is one CUDA graph per padded batch size, captured at engine start; the host
-reads the finished trees with one copy. On CPU the same function runs eagerly.
+reads the finished trees with one copy. The same function runs eagerly on CPU (the
+tests' equality with the heap); CPU engines build with the heap itself, which costs
+fewer torch calls there.
 
 Per request, node slots 0..B hold the tree in pop order (slot 0 the root) and slot B + 1
 is a scratch slot that requests without a pop write. The frontier is per slot: a node
@@ -34,8 +36,9 @@ UNUSED = -2  # parent of a slot that holds no node (a tree that ran out of candi
 
 @dataclass
 class BuildCounts:
-    """How the builds of this engine ran: a build outside the captured graphs on CUDA
-    means a batch size no graph was captured for (visible in the runner's stats)."""
+    """How the builds of an engine ran: replays of a captured graph, or eagerly (on CPU
+    the host heap; on CUDA a batch size no graph was captured for, which the runner's
+    stats make visible)."""
 
     graph_builds: int = 0
     eager_builds: int = 0

@@ -45,6 +45,11 @@ def compiled(fn, device: torch.device):
     return torch.compile(fn, fullgraph=True, dynamic=True) if device.type == "cuda" else fn
 
 
+def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
+    """log sum exp over the last dimension, in float32. [..., V] -> [...]"""
+    return torch.logsumexp(logits.float(), dim=-1)
+
+
 class MarginalScorer:
     def __init__(
         self, max_children: int, *, max_requests: int, num_drafts: int, vocab: int, device
@@ -56,7 +61,9 @@ class MarginalScorer:
         r, k, c = max_requests, num_drafts, self.max_children
         self.logprobs = torch.zeros(r, k, c, device=device, dtype=torch.float64)  # top-C per depth
         self.tokens = torch.zeros(r, k, c, device=device, dtype=torch.long)
-        self._host: tuple[list, list] | None = None
+        self._log_normalizer = compiled(_log_normalizer, device)
+        self._rows = 0  # requests of this step
+        self._host: tuple[list, list] | None = None  # their tables, read by expand()
 
     @torch.no_grad()
     def prepare(self, hidden: torch.Tensor, base_logits: torch.Tensor) -> None:
@@ -66,10 +73,13 @@ class MarginalScorer:
         if n > self.max_requests:
             raise ValueError(f"{n} requests in a step, scorer sized for {self.max_requests}")
         self.step_rows = padded_rows(n, self.max_requests)
-        values, tokens = torch.log_softmax(base_logits.float(), -1).topk(self.max_children, -1)
-        self.logprobs[:n] = values  # float32 -> float64 is exact
+        # log p = logit - log Z: the top-C of the logits themselves, so no float32 copy
+        # of the [R, K, V] logits is made (on CUDA the normalizer is one fused reduction).
+        values, tokens = base_logits.topk(self.max_children, -1)
+        log_z = self._log_normalizer(base_logits)
+        self.logprobs[:n] = values.float() - log_z[..., None]  # float32 -> float64 exact
         self.tokens[:n] = tokens
-        self._host = None
+        self._rows, self._host = n, None
 
     def children(self, req, node, parent, token, depth) -> tuple[torch.Tensor, torch.Tensor]:
         """[p] rows -> the best children's log-probs [p, C] float64 and tokens [p, C]."""
@@ -77,7 +87,7 @@ class MarginalScorer:
 
     def expand(self, items: list[Expansion]) -> list[Children]:
         if self._host is None:  # one host copy per step
-            self._host = (self.tokens.tolist(), self.logprobs.tolist())
+            self._host = (self.tokens[: self._rows].tolist(), self.logprobs[: self._rows].tolist())
         tokens, logprobs = self._host
         return [Children(tokens[i.request][i.depth], logprobs[i.request][i.depth]) for i in items]
 

@@ -15,8 +15,8 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from ..config import DominoTreeConfig, DominoTreeConfigError
-from ..drafter.checkpoint import DrafterFormatError, read_spec
+from .config import DominoTreeConfig, DominoTreeConfigError
+from .drafter.checkpoint import DrafterFormatError, read_spec
 
 METHOD = "dominotree"
 ADDITIONAL_CONFIG_KEY = "dominotree"
