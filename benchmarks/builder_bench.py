@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
-from vllm_dominotree.toy_pair import random_domino_head
+from vllm_dominotree.demo.toy_pair import random_domino_head
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 
 HIDDEN, VOCAB, GRU, RANK, K = 2560, 151936, 1024, 256, 16

@@ -42,8 +42,15 @@ def run_method(name, options, dirs, args):
     from vllm import LLM, SamplingParams
 
     spec = None if options is None else {"method": "dominotree", "model": dirs[1], **options}
-    llm = LLM(model=str(dirs[0]), dtype="float32", max_model_len=1024, enforce_eager=True,
-              seed=0, disable_log_stats=False, speculative_config=spec)  # fmt: skip
+    llm = LLM(
+        model=str(dirs[0]),
+        dtype="float32",
+        max_model_len=1024,
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=False,
+        speculative_config=spec,
+    )
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     batch = [{"prompt_token_ids": p} for p in prompts(args.prompts)]
     llm.generate(batch[:2], params, use_tqdm=False)  # warm-up
@@ -76,7 +83,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.8)
     args = parser.parse_args()
 
-    from vllm_dominotree.toy_pair import PairSpec, write_pair
+    from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 
     with tempfile.TemporaryDirectory() as tmp:
         dirs = write_pair(tmp, PairSpec(noise=args.noise))
@@ -102,11 +109,27 @@ def main() -> None:
         f"`{meta['command']}`: {args.prompts} prompts, {args.max_tokens} greedy tokens each;",
         "batch = all prompts in one generate call, single = one request at a time.",
     ]
-    header = ["method", "accept length", "batch tok/s", "speedup", "single tok/s", "speedup",
-              "== no-spec"]  # fmt: skip
-    table = [[r["method"], f"{r['accept_length']:.2f}", f"{r['batch_tok_s']:.0f}",
-              f"{r['batch_speedup']:.2f}x", f"{r['single_tok_s']:.0f}",
-              f"{r['single_speedup']:.2f}x", r["equals_no_spec"]] for r in rows]  # fmt: skip
+    header = [
+        "method",
+        "accept length",
+        "batch tok/s",
+        "speedup",
+        "single tok/s",
+        "speedup",
+        "== no-spec",
+    ]
+    table = [
+        [
+            r["method"],
+            f"{r['accept_length']:.2f}",
+            f"{r['batch_tok_s']:.0f}",
+            f"{r['batch_speedup']:.2f}x",
+            f"{r['single_tok_s']:.0f}",
+            f"{r['single_speedup']:.2f}x",
+            r["equals_no_spec"],
+        ]
+        for r in rows
+    ]
     write_results(args.out, "cpu_engine_bench", {"meta": meta, "rows": rows}, header, table, intro)
 
 

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from results_io import markdown_table, write_results  # benchmarks/ is this script's folder
 
-from vllm_dominotree.datasets import chat_token_ids, load_dataset
-from vllm_dominotree.server import sse_events
+from vllm_dominotree.evaluation.datasets import chat_token_ids, load_dataset
+from vllm_dominotree.evaluation.server import sse_events
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -55,8 +55,10 @@ METHODS = {
 def spec_counters(llm) -> tuple[float, float]:
     """(verification rounds with drafts, accepted draft tokens) so far: vLLM's counters."""
     values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-    return (values.get("vllm:spec_decode_num_drafts", 0.0),
-            values.get("vllm:spec_decode_num_accepted_tokens", 0.0))  # fmt: skip
+    return (
+        values.get("vllm:spec_decode_num_drafts", 0.0),
+        values.get("vllm:spec_decode_num_accepted_tokens", 0.0),
+    )
 
 
 def speculative_config(method: str, args) -> dict | None:
@@ -72,10 +74,15 @@ class OfflineRunner:
     def __init__(self, method: str, args):
         from vllm import LLM, SamplingParams
 
-        self.llm = LLM(model=str(args.target), dtype=args.dtype, max_model_len=args.max_model_len,
-                       seed=0, disable_log_stats=False,
-                       speculative_config=speculative_config(method, args),
-                       enforce_eager=args.enforce_eager)  # fmt: skip
+        self.llm = LLM(
+            model=str(args.target),
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            seed=0,
+            disable_log_stats=False,
+            speculative_config=speculative_config(method, args),
+            enforce_eager=args.enforce_eager,
+        )
         self.tokenizer = self.llm.get_tokenizer()
         self.params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
         spec = METHODS[method]
@@ -109,10 +116,18 @@ class ServerRunner:
     """One OpenAI-compatible server; a turn is one streaming chat completion."""
 
     def __init__(self, method: str, args):
-        from vllm_dominotree.server import ApiServer
+        from vllm_dominotree.evaluation.server import ApiServer
 
-        options = ["--served-model-name", "target", "--dtype", args.dtype,
-                   "--max-model-len", str(args.max_model_len), "--seed", "0"]  # fmt: skip
+        options = [
+            "--served-model-name",
+            "target",
+            "--dtype",
+            args.dtype,
+            "--max-model-len",
+            str(args.max_model_len),
+            "--seed",
+            "0",
+        ]
         spec = speculative_config(method, args)
         if spec is not None:
             options += ["--speculative-config", json.dumps(spec)]
@@ -133,15 +148,21 @@ class ServerRunner:
     def generate(self, messages: list[dict]) -> tuple[str, int, float]:
         import requests
 
-        body = {"model": "target", "messages": messages, "temperature": 0,
-                "max_tokens": self.max_tokens, "stream": True,
-                "stream_options": {"include_usage": True},
-                "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+        body = {
+            "model": "target",
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
         parts, first, last, tokens = [], None, None, 0
-        with requests.post(f"{self.server.url}/v1/chat/completions", json=body, stream=True,
-                           timeout=3600) as response:  # fmt: skip
+        with requests.post(
+            f"{self.server.url}/v1/chat/completions", json=body, stream=True, timeout=3600
+        ) as response:
             response.raise_for_status()
-            for event in sse_events(response):
+            for event in sse_events(response.iter_lines(decode_unicode=True)):
                 if event.get("usage"):
                     tokens = event["usage"]["completion_tokens"]
                 for choice in event.get("choices", []):
@@ -167,8 +188,11 @@ def run_method(method: str, args, datasets: dict[str, list[list[str]]]) -> dict[
         before = runner.counters()
         text, tokens, seconds = runner.generate(messages)
         after = runner.counters()
-        return text, {"tokens": tokens, "seconds": seconds,
-                      **{k: after[k] - before.get(k, 0.0) for k in after}}  # fmt: skip
+        return text, {
+            "tokens": tokens,
+            "seconds": seconds,
+            **{k: after[k] - before.get(k, 0.0) for k in after},
+        }
 
     try:
         generate([{"role": "user", "content": "Hello!"}])  # warm-up
@@ -206,12 +230,12 @@ def stage_ms_per_step(records: list[dict]) -> dict[str, float] | None:
     if not steps:
         return None
     stages = sorted({k[: -len("_s")] for r in records for k in r if k.endswith("_s")})
-    return {stage: 1e3 * sum(r.get(f"{stage}_s", 0.0) for r in records) / steps
-            for stage in stages}  # fmt: skip
+    return {stage: 1e3 * sum(r.get(f"{stage}_s", 0.0) for r in records) / steps for stage in stages}
 
 
-def paired_bootstrap(method: list[dict], base: list[dict], stat=throughput, samples: int = 2000,
-                     seed: int = 0) -> tuple[float, float]:  # fmt: skip
+def paired_bootstrap(
+    method: list[dict], base: list[dict], stat=throughput, samples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """95% interval of stat(method) / stat(base), resampling prompts (the same picks
     for both: prompt i of one method pairs with prompt i of the other)."""
     rng = random.Random(seed)
@@ -272,8 +296,9 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> list[dict]:
                 row["speedup_ci"] = paired_bootstrap(records, base_records)
             if (stages := stage_ms_per_step(records)) is not None:
                 row["stage_ms_per_step"] = stages
-                row["leaves_per_tree"] = (sum(r["tree_leaves"] for r in records)
-                                          / max(1, sum(r["trees"] for r in records)))  # fmt: skip
+                row["leaves_per_tree"] = sum(r["tree_leaves"] for r in records) / max(
+                    1, sum(r["trees"] for r in records)
+                )
             rows.append(row)
     return rows
 
@@ -295,18 +320,22 @@ def plot(rows: list[dict], path: Path) -> None:
         intervals = [
             mine[d].get("speedup_ci", (x, x)) for d, x in zip(datasets, speed, strict=True)
         ]
-        errors = [[x - lo for x, (lo, _) in zip(speed, intervals, strict=True)],
-                  [hi - x for x, (_, hi) in zip(speed, intervals, strict=True)]]  # fmt: skip
+        errors = [
+            [x - lo for x, (lo, _) in zip(speed, intervals, strict=True)],
+            [hi - x for x, (_, hi) in zip(speed, intervals, strict=True)],
+        ]
         axes[0].bar(xs, speed, width, yerr=errors, capsize=3, label=method)
         axes[1].bar(xs, [mine[d]["accept_length"] for d in datasets], width, label=method)
-    for ax, title in zip(axes, ("decode speedup over no-spec (95% CI)", "mean accept length"),
-                         strict=True):  # fmt: skip
+    for ax, title in zip(
+        axes, ("decode speedup over no-spec (95% CI)", "mean accept length"), strict=True
+    ):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
     axes[0].axhline(1.0, color="black", linewidth=0.8)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(methods),
-               fontsize=8)  # fmt: skip
+    fig.legend(
+        *axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(methods), fontsize=8
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
 
@@ -318,10 +347,17 @@ def report(results: dict[str, dict[str, list[dict]]], args) -> str:
     for r in rows:
         ci = r.get("speedup_ci")
         speed = f"{r['speedup']:.2f}x ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "-"
-        table.append([r["dataset"], r["method"], r["prompts"], f"{r['accept_length']:.2f}",
-                      f"{r['tok_s']:.1f}", speed])  # fmt: skip
-    header = ["dataset", "method", "prompts", "accept length", "decode tok/s",
-              "speedup (95% CI)"]  # fmt: skip
+        table.append(
+            [
+                r["dataset"],
+                r["method"],
+                r["prompts"],
+                f"{r['accept_length']:.2f}",
+                f"{r['tok_s']:.1f}",
+                speed,
+            ]
+        )
+    header = ["dataset", "method", "prompts", "accept length", "decode tok/s", "speedup (95% CI)"]
     comparison = compare(results, *PAPER_COMPARISON)
     payload = {"command": vars(args), "rows": rows, "comparison": comparison, "records": results}
     outro = None
@@ -340,10 +376,16 @@ def report(results: dict[str, dict[str, list[dict]]], args) -> str:
         outro = (outro or []) + ["", "Stage clock (--profile), ms per verification step:", ""]
         outro += markdown_table(
             ["dataset", "method", *stages, "leaves per tree"],
-            [[r["dataset"], r["method"], *(f"{r['stage_ms_per_step'].get(k, 0.0):.2f}"
-                                           for k in stages), f"{r['leaves_per_tree']:.2f}"]
-             for r in profiled],
-        )  # fmt: skip
+            [
+                [
+                    r["dataset"],
+                    r["method"],
+                    *(f"{r['stage_ms_per_step'].get(k, 0.0):.2f}" for k in stages),
+                    f"{r['leaves_per_tree']:.2f}",
+                ]
+                for r in profiled
+            ],
+        )
     markdown = write_results(args.out, "harness", payload, header, table, outro=outro)
     plot(rows, args.out / "harness.png")
     return markdown
@@ -362,8 +404,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="first N conversations of each dataset")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--profile", action="store_true",
-                        help="offline: time the plugin's stages (adds syncs)")  # fmt: skip
+    parser.add_argument(
+        "--profile", action="store_true", help="offline: time the plugin's stages (adds syncs)"
+    )
     args = parser.parse_args()
     if args.profile and args.mode != "offline":
         parser.error("--profile reads the engine's stage clock: offline mode only")

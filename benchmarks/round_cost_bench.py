@@ -41,19 +41,41 @@ from harness import spec_counters  # benchmarks/ is this script's folder
 from results_io import command_line, write_results
 
 SHAPES = {
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     vocab_size=151936, draft_layers=5, gru=1024, emb=256),
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=512,
-                 draft_layers=1, gru=16, emb=8),
-}  # fmt: skip
+    "qwen3-4b": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        draft_layers=5,
+        gru=1024,
+        emb=256,
+    ),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+        draft_layers=1,
+        gru=16,
+        emb=8,
+    ),
+}
 BLOCK_SIZE = 16
 # Overall accept lengths of the paper's table (Qwen3-4B, T = 0): the method whose round
 # each one pays for.
-PAPER_TAU = {"dflash": ("DFlash", 6.25), "dflash-v1": ("DFlash", 6.25),
-             "marginal": ("DDTree (16)", 7.03),
-             "chain": ("Domino", 7.17), "conditional": ("DominoTree (16)", 7.98)}  # fmt: skip
+PAPER_TAU = {
+    "dflash": ("DFlash", 6.25),
+    "dflash-v1": ("DFlash", 6.25),
+    "marginal": ("DDTree (16)", 7.03),
+    "chain": ("Domino", 7.17),
+    "conditional": ("DominoTree (16)", 7.98),
+}
 
 
 def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
@@ -62,22 +84,33 @@ def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
 
     from vllm_dominotree.drafter import read_spec
     from vllm_dominotree.drafter.checkpoint import write_checkpoint
-    from vllm_dominotree.training import drafter_config
+    from vllm_dominotree.training.trainer import drafter_config
 
     sizes = dict(SHAPES[shape])
     layers, gru, emb = sizes.pop("draft_layers"), sizes.pop("gru"), sizes.pop("emb")
     dirs = {name: root / name for name in ("target", "domino", "dflash")}
     if all((d / "config.json").is_file() for d in dirs.values()):
         return {k: str(v) for k, v in dirs.items()}
-    config = Qwen3Config(**sizes, max_position_embeddings=8192, tie_word_embeddings=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+    config = Qwen3Config(
+        **sizes,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
     torch.manual_seed(0)
     with torch.device(device):
         target = Qwen3ForCausalLM(config).to(torch.bfloat16)
     target.save_pretrained(dirs["target"])
 
-    domino = drafter_config(config, block_size=BLOCK_SIZE, layers=layers, target_layers=layers,
-                            gru=gru, emb=emb, mask_token_id=config.vocab_size - 1)  # fmt: skip
+    domino = drafter_config(
+        config,
+        block_size=BLOCK_SIZE,
+        layers=layers,
+        target_layers=layers,
+        gru=gru,
+        emb=emb,
+        mask_token_id=config.vocab_size - 1,
+    )
     domino["torch_dtype"] = "bfloat16"
     dflash = json.loads(json.dumps(domino))
     for key in ("projector_type", "gru_hidden_dim", "emb_dim", "pure_draft_prefix_len"):
@@ -87,8 +120,10 @@ def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
         dirs[name].mkdir(parents=True, exist_ok=True)
         (dirs[name] / "config.json").write_text(json.dumps(cfg))
         shapes = read_spec(dirs[name]).expected_shapes()
-        tensors = {n: (torch.ones(s) if n.endswith("norm.weight") else 0.02 * torch.randn(s))
-                   for n, s in shapes.items()}  # fmt: skip
+        tensors = {
+            n: (torch.ones(s) if n.endswith("norm.weight") else 0.02 * torch.randn(s))
+            for n, s in shapes.items()
+        }
         write_checkpoint(dirs[name], cfg, {n: t.to(torch.bfloat16) for n, t in tensors.items()})
     return {k: str(v) for k, v in dirs.items()}
 
@@ -97,8 +132,11 @@ def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
     if method == "ar":
         return None
     if method in ("dflash", "dflash-v1"):
-        return {"method": "dflash", "model": dirs["dflash"],
-                "num_speculative_tokens": BLOCK_SIZE - 1}  # fmt: skip
+        return {
+            "method": "dflash",
+            "model": dirs["dflash"],
+            "num_speculative_tokens": BLOCK_SIZE - 1,
+        }
     return {"method": "dominotree", "model": dirs["domino"], "scorer": method}
 
 
@@ -107,8 +145,10 @@ def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[fl
     from vllm import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
-    prompts = [{"prompt_token_ids": torch.randint(0, vocab - 1, (128,), generator=gen).tolist()}
-               for _ in range(batch)]  # fmt: skip
+    prompts = [
+        {"prompt_token_ids": torch.randint(0, vocab - 1, (128,), generator=gen).tolist()}
+        for _ in range(batch)
+    ]
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     before = spec_counters(llm)[0]
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -124,28 +164,41 @@ def write_trace_tables(path: Path, trace: dict) -> None:
     plugin returns none: nothing is written then)."""
     if "host_ops" in trace:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"host ops by self time\n{trace['host_ops']}\n\n"
-                        f"kernels by self time\n{trace['kernels']}\n")  # fmt: skip
+        path.write_text(
+            f"host ops by self time\n{trace['host_ops']}\n\n"
+            f"kernels by self time\n{trace['kernels']}\n"
+        )
 
 
 def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     from vllm import LLM
 
-    llm = LLM(model=dirs["target"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              max_model_len=1024, max_num_seqs=max(args.batches), disable_log_stats=False,
-              speculative_config=speculative_config(method, dirs),
-              enforce_eager=args.enforce_eager,
-              # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
-              kernel_config={"enable_jit_warmup": False})  # fmt: skip
+    llm = LLM(
+        model=dirs["target"],
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=1024,
+        max_num_seqs=max(args.batches),
+        disable_log_stats=False,
+        speculative_config=speculative_config(method, dirs),
+        enforce_eager=args.enforce_eager,
+        # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
+        kernel_config={"enable_jit_warmup": False},
+    )
     vocab = SHAPES[args.shape]["vocab_size"]
     rows = []
     try:
         for batch in args.batches:
             timed_batch(llm, batch, 8, vocab, seed=1)  # warm-up
             seconds, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
-            row = {"method": method, "batch": batch, "rounds": rounds,
-                   "accept_length": (args.tokens - 1) / rounds,
-                   "ms_per_round": 1e3 * seconds / rounds}  # fmt: skip
+            row = {
+                "method": method,
+                "batch": batch,
+                "rounds": rounds,
+                "accept_length": (args.tokens - 1) / rounds,
+                "ms_per_round": 1e3 * seconds / rounds,
+            }
             if method in ("chain", "marginal", "conditional"):
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
@@ -158,9 +211,10 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("dominotree_trace", args=(False,))[0]
                 steps = max(1, trace["steps"])
-                row["per_step"] = {k: trace[k] / steps for k in
-                                   ("graph_launches", "kernel_launches", "host_waits",
-                                    "memcpy_async")}  # fmt: skip
+                row["per_step"] = {
+                    k: trace[k] / steps
+                    for k in ("graph_launches", "kernel_launches", "host_waits", "memcpy_async")
+                }
                 row["trace_calls"] = trace["calls"]
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
             rows.append(row)
@@ -176,34 +230,68 @@ def report(rows: list[dict], args) -> None:
         if r["method"] in PAPER_TAU and r["batch"] in ar:
             name, tau = PAPER_TAU[r["method"]]
             speedup = tau * ar[r["batch"]] / r["ms_per_round"]
-            r["projection"] = {"paper_method": name, "paper_accept_length": tau,
-                               "projected_speedup": speedup}  # fmt: skip
+            r["projection"] = {
+                "paper_method": name,
+                "paper_accept_length": tau,
+                "projected_speedup": speedup,
+            }
     dflash = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "dflash"}
     table = []
     for r in rows:
         split = r.get("profiled_ms", {})
-        cells = [f"{split[k]:.2f}" if k in split else "-"
-                 for k in ("verify", "accept", "draft", "build", "rest")]  # fmt: skip
+        cells = [
+            f"{split[k]:.2f}" if k in split else "-"
+            for k in ("verify", "accept", "draft", "build", "rest")
+        ]
         step = r.get("per_step", {})
-        cells += [f"{step[k]:.1f}" if k in step else "-"
-                  for k in ("graph_launches", "kernel_launches", "host_waits")]  # fmt: skip
+        cells += [
+            f"{step[k]:.1f}" if k in step else "-"
+            for k in ("graph_launches", "kernel_launches", "host_waits")
+        ]
         ratio = r["ms_per_round"] / dflash[r["batch"]] if r["batch"] in dflash else None
         cells.append(f"{ratio:.2f}x" if ratio else "-")
         proj = r.get("projection")
-        proj_cell = (f"{proj['projected_speedup']:.2f}x ({proj['paper_method']}, "
-                     f"tau {proj['paper_accept_length']})") if proj else "-"  # fmt: skip
+        proj_cell = (
+            (
+                f"{proj['projected_speedup']:.2f}x ({proj['paper_method']}, "
+                f"tau {proj['paper_accept_length']})"
+            )
+            if proj
+            else "-"
+        )
         table.append([r["method"], r["batch"], f"{r['ms_per_round']:.2f}", *cells, proj_cell])
-    header = ["method", "batch", "ms/round", "verify", "accept", "draft", "build", "rest",
-              "graphs/step", "eager launches/step", "host waits/step", "vs dflash",
-              "projected speedup (paper tau)"]  # fmt: skip
+    header = [
+        "method",
+        "batch",
+        "ms/round",
+        "verify",
+        "accept",
+        "draft",
+        "build",
+        "rest",
+        "graphs/step",
+        "eager launches/step",
+        "host waits/step",
+        "vs dflash",
+        "projected speedup (paper tau)",
+    ]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    intro = [f"# Round cost on {device}", "",
-             f"`{command_line()}`; random {args.shape}-shaped target and drafters, "
-             f"{args.tokens} tokens per request, ms per round (verify .. rest: the stage "
-             "clock's split, with syncs; graphs / eager launches / host waits per "
-             "verification step from a traced pass)."]  # fmt: skip
-    write_results(args.out, "round_cost", {"command": vars(args), "device": device,
-                                           "rows": rows}, header, table, intro)  # fmt: skip
+    intro = [
+        f"# Round cost on {device}",
+        "",
+        f"`{command_line()}`; random {args.shape}-shaped target and drafters, "
+        f"{args.tokens} tokens per request, ms per round (verify .. rest: the stage "
+        "clock's split, with syncs; graphs / eager launches / host waits per "
+        "verification step from a traced pass).",
+    ]
+    write_results(
+        args.out,
+        "round_cost",
+        {"command": vars(args), "device": device, "rows": rows},
+        header,
+        table,
+        intro,
+    )
 
 
 MODELS = "models"  # the child that writes the random models
@@ -227,8 +315,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape", choices=list(SHAPES), default="qwen3-4b")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--methods", nargs="+", default=["ar", "dflash", "dflash-v1", "chain",
-                                                         "marginal", "conditional"])  # fmt: skip
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["ar", "dflash", "dflash-v1", "chain", "marginal", "conditional"],
+    )
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--models", type=Path, help="where the random models go (default: --out)")
     parser.add_argument("--enforce-eager", action="store_true")

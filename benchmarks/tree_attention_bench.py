@@ -70,8 +70,11 @@ def main() -> None:
                 us = time_us(lambda i=inputs, o=out, k=kernel: k(*i, 0.088, o))
                 results.append({"batch": batch, "context": context, "rows": rows, "us": us})
                 print(json.dumps(results[-1]), flush=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "command": command_line()}  # fmt: skip
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": command_line(),
+    }
     intro = [
         f"# Tree-attention kernel per layer call ({meta['device']}, bf16)",
         "",
@@ -79,8 +82,14 @@ def main() -> None:
         f"`{meta['command']}`; mean of 50 calls (CUDA events).",
     ]
     table = [[r["batch"], r["context"], r["rows"], f"{r['us']:.1f}"] for r in results]
-    write_results(args.out, "tree_attention_bench", {"meta": meta, "rows": results},
-                  ["batch", "context", "tree rows", "us per layer call"], table, intro)  # fmt: skip
+    write_results(
+        args.out,
+        "tree_attention_bench",
+        {"meta": meta, "rows": results},
+        ["batch", "context", "tree rows", "us per layer call"],
+        table,
+        intro,
+    )
 
 
 if __name__ == "__main__":

@@ -23,11 +23,22 @@ _DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32
 
 @triton.jit
 def _move_paths(
-    CachePtrs, SlotMapping, QueryStart, Paths, NumAccepted,
-    stride_path, stride_block, stride_head, stride_page,
-    PAGE: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-    ROW: tl.constexpr, ROW_PAD: tl.constexpr, DTYPE: tl.constexpr,
-):  # fmt: skip
+    CachePtrs,
+    SlotMapping,
+    QueryStart,
+    Paths,
+    NumAccepted,
+    stride_path,
+    stride_block,
+    stride_head,
+    stride_page,
+    PAGE: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    ROW: tl.constexpr,
+    ROW_PAD: tl.constexpr,
+    DTYPE: tl.constexpr,
+):
     req = tl.program_id(0)
     base = tl.load(CachePtrs + tl.program_id(1)).to(tl.pointer_type(DTYPE))
     first = tl.load(QueryStart + req)
@@ -40,10 +51,14 @@ def _move_paths(
         if src_row != j + 1:
             src = tl.load(SlotMapping + first + src_row).to(tl.int64)
             dst = tl.load(SlotMapping + first + j + 1).to(tl.int64)
-            x = tl.load(base + (src // PAGE) * stride_block + (src % PAGE) * stride_page + within,
-                        mask=ok)  # fmt: skip
-            tl.store(base + (dst // PAGE) * stride_block + (dst % PAGE) * stride_page + within,
-                     x, mask=ok)  # fmt: skip
+            x = tl.load(
+                base + (src // PAGE) * stride_block + (src % PAGE) * stride_page + within, mask=ok
+            )
+            tl.store(
+                base + (dst // PAGE) * stride_block + (dst % PAGE) * stride_page + within,
+                x,
+                mask=ok,
+            )
         tl.debug_barrier()
 
 
@@ -65,8 +80,9 @@ class PathKVMover:
         if first.dtype not in _DTYPES:
             raise NotImplementedError(f"dominotree: KV move for {first.dtype} caches")
         self.geometry = first
-        self.pointers = torch.tensor([c.data_ptr() for c in kv_caches], dtype=torch.int64,
-                                     device=first.device)  # fmt: skip
+        self.pointers = torch.tensor(
+            [c.data_ptr() for c in kv_caches], dtype=torch.int64, device=first.device
+        )
 
     def __call__(
         self,
@@ -79,8 +95,19 @@ class PathKVMover:
         _, kv_heads, page, row = cache.shape
         num_reqs = num_accepted.shape[0]
         _move_paths[(num_reqs, self.pointers.numel())](
-            self.pointers, slot_mapping, query_start, path_offsets, num_accepted,
-            path_offsets.stride(0), cache.stride(0), cache.stride(1), cache.stride(2),
-            PAGE=page, KV_HEADS=kv_heads, HEADS_PAD=triton.next_power_of_2(kv_heads),
-            ROW=row, ROW_PAD=triton.next_power_of_2(row), DTYPE=_DTYPES[cache.dtype],
-        )  # fmt: skip
+            self.pointers,
+            slot_mapping,
+            query_start,
+            path_offsets,
+            num_accepted,
+            path_offsets.stride(0),
+            cache.stride(0),
+            cache.stride(1),
+            cache.stride(2),
+            PAGE=page,
+            KV_HEADS=kv_heads,
+            HEADS_PAD=triton.next_power_of_2(kv_heads),
+            ROW=row,
+            ROW_PAD=triton.next_power_of_2(row),
+            DTYPE=_DTYPES[cache.dtype],
+        )

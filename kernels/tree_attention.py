@@ -33,15 +33,45 @@ MAX_SPLITS = 16
 
 @triton.jit
 def _tree_rows_attention(
-    Q, K, V, BlockTable, QueryStart, SeqLens, Ancestors, NeedsFix,
-    PartAcc, PartMax, PartSum, Out,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_bt, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ms, stride_mt,
-    scale, num_splits,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr, ROWS: tl.constexpr, KEY_TILE: tl.constexpr, DIRECT: tl.constexpr,
+    Q,
+    K,
+    V,
+    BlockTable,
+    QueryStart,
+    SeqLens,
+    Ancestors,
+    NeedsFix,
+    PartAcc,
+    PartMax,
+    PartSum,
+    Out,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    stride_ps,
+    stride_pt,
+    stride_ph,
+    stride_ms,
+    stride_mt,
+    scale,
+    num_splits,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    ROWS: tl.constexpr,
+    KEY_TILE: tl.constexpr,
+    DIRECT: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -60,8 +90,11 @@ def _tree_rows_attention(
     start = seq_len - num_rows  # position of the request's first row (its tree's root)
     head = kv_head * GROUP + group_head
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + (first_row + row)[:, None] * stride_qt + head[:, None] * stride_qh
-                + dims[None, :], mask=m_ok[:, None], other=0.0)  # fmt: skip
+    q = tl.load(
+        Q + (first_row + row)[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=m_ok[:, None],
+        other=0.0,
+    )
     ancestors = tl.load(Ancestors + first_row + row, mask=m_ok, other=0)
 
     best = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
@@ -97,23 +130,49 @@ def _tree_rows_attention(
     write = m_ok & fix
     if DIRECT:  # the only split: normalize and write the rows' output
         out = acc / total[:, None]
-        tl.store(Out + (first_row + row)[:, None] * stride_ot + head[:, None] * stride_oh
-                 + dims[None, :], out.to(Out.dtype.element_ty), mask=write[:, None])  # fmt: skip
+        tl.store(
+            Out
+            + (first_row + row)[:, None] * stride_ot
+            + head[:, None] * stride_oh
+            + dims[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=write[:, None],
+        )
     else:  # an empty split stores (-inf, 0, 0), which the merge weighs as nothing
-        tl.store(PartAcc + split * stride_ps + (first_row + row)[:, None] * stride_pt
-                 + head[:, None] * stride_ph + dims[None, :], acc, mask=write[:, None])  # fmt: skip
-        tl.store(PartMax + split * stride_ms + (first_row + row) * stride_mt + head, best,
-                 mask=write)  # fmt: skip
-        tl.store(PartSum + split * stride_ms + (first_row + row) * stride_mt + head, total,
-                 mask=write)  # fmt: skip
+        tl.store(
+            PartAcc
+            + split * stride_ps
+            + (first_row + row)[:, None] * stride_pt
+            + head[:, None] * stride_ph
+            + dims[None, :],
+            acc,
+            mask=write[:, None],
+        )
+        tl.store(
+            PartMax + split * stride_ms + (first_row + row) * stride_mt + head, best, mask=write
+        )
+        tl.store(
+            PartSum + split * stride_ms + (first_row + row) * stride_mt + head, total, mask=write
+        )
 
 
 @triton.jit
 def _merge_splits(
-    PartAcc, PartMax, PartSum, NeedsFix, Out,
-    stride_ps, stride_pt, stride_ph, stride_ms, stride_mt, stride_ot, stride_oh, num_splits,
+    PartAcc,
+    PartMax,
+    PartSum,
+    NeedsFix,
+    Out,
+    stride_ps,
+    stride_pt,
+    stride_ph,
+    stride_ms,
+    stride_mt,
+    stride_ot,
+    stride_oh,
+    num_splits,
     HEAD_DIM: tl.constexpr,
-):  # fmt: skip
+):
     """Log-sum-exp merge of one fixed row's key splits, for one head."""
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -128,10 +187,10 @@ def _merge_splits(
     for s in range(0, num_splits):
         weight = tl.exp(tl.load(PartMax + s * stride_ms + row * stride_mt + head) - best)
         total += weight * tl.load(PartSum + s * stride_ms + row * stride_mt + head)
-        acc += weight * tl.load(PartAcc + s * stride_ps + row * stride_pt + head * stride_ph
-                                + dims)  # fmt: skip
-    tl.store(Out + row * stride_ot + head * stride_oh + dims,
-             (acc / total).to(Out.dtype.element_ty))  # fmt: skip
+        acc += weight * tl.load(PartAcc + s * stride_ps + row * stride_pt + head * stride_ph + dims)
+    tl.store(
+        Out + row * stride_ot + head * stride_oh + dims, (acc / total).to(Out.dtype.element_ty)
+    )
 
 
 def num_splits_for(num_reqs: int, kv_heads: int, num_rows: int, capacity_rows: int) -> int:
@@ -146,8 +205,9 @@ class TreeAttention:
     """The kernels with their partial-result buffers, allocated once per geometry (the
     addresses a captured graph keeps)."""
 
-    def __init__(self, num_heads: int, head_dim: int, rows_per_tree: int, device,
-                 capacity_rows: int = 4096):  # fmt: skip
+    def __init__(
+        self, num_heads: int, head_dim: int, rows_per_tree: int, device, capacity_rows: int = 4096
+    ):
         self.rows_per_tree = triton.next_power_of_2(rows_per_tree)
         self.capacity_rows = capacity_rows
         self.part_acc = torch.empty(capacity_rows, num_heads, head_dim, device=device)
@@ -179,31 +239,78 @@ class TreeAttention:
         part_max = self.part_max[:used].view(*view, heads)
         part_sum = self.part_sum[:used].view(*view, heads)
         _tree_rows_attention[(num_reqs, kv_heads, splits)](
-            query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors,
-            needs_fix, part_acc, part_max, part_sum, out,
-            query.stride(0), query.stride(1),
-            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-            block_table.stride(0), out.stride(0), out.stride(1),
-            part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-            part_max.stride(0), part_max.stride(1), scale, splits,
-            GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), HEAD_DIM=head_dim,
-            PAGE=page, ROWS=self.rows_per_tree, KEY_TILE=KEY_TILE, DIRECT=direct,
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            query_start,
+            seq_lens,
+            ancestors,
+            needs_fix,
+            part_acc,
+            part_max,
+            part_sum,
+            out,
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            value_cache.stride(0),
+            value_cache.stride(1),
+            value_cache.stride(2),
+            block_table.stride(0),
+            out.stride(0),
+            out.stride(1),
+            part_acc.stride(0),
+            part_acc.stride(1),
+            part_acc.stride(2),
+            part_max.stride(0),
+            part_max.stride(1),
+            scale,
+            splits,
+            GROUP=group,
+            GROUP_PAD=max(triton.next_power_of_2(group), 1),
+            HEAD_DIM=head_dim,
+            PAGE=page,
+            ROWS=self.rows_per_tree,
+            KEY_TILE=KEY_TILE,
+            DIRECT=direct,
             # float32 models compare bit for bit with the stock kernels: no TF32.
             PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        )  # fmt: skip
+        )
         if direct:
             return
         _merge_splits[(num_tokens, heads)](
-            part_acc, part_max, part_sum, needs_fix, out,
-            part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-            part_max.stride(0), part_max.stride(1), out.stride(0), out.stride(1), splits,
+            part_acc,
+            part_max,
+            part_sum,
+            needs_fix,
+            out,
+            part_acc.stride(0),
+            part_acc.stride(1),
+            part_acc.stride(2),
+            part_max.stride(0),
+            part_max.stride(1),
+            out.stride(0),
+            out.stride(1),
+            splits,
             HEAD_DIM=head_dim,
-        )  # fmt: skip
+        )
 
 
-def tree_attention_reference(query, key_cache, value_cache, block_table, query_start,
-                             seq_lens, ancestors, needs_fix, scale, out) -> None:  # fmt: skip
+def tree_attention_reference(
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    query_start,
+    seq_lens,
+    ancestors,
+    needs_fix,
+    scale,
+    out,
+) -> None:
     """Dense torch version (gather the pages, masked softmax) of the rows that need a
     fix: the kernel's oracle."""
     group = query.shape[1] // key_cache.shape[2]

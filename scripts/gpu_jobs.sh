@@ -39,7 +39,7 @@ smollm2_target() {
   python3 -m pip install -q --no-index --no-deps --target /tmp/site-gguf .whl/gguf/*.whl
   xz -dc artifacts/smollm2.gguf.xz > /tmp/smollm2.gguf
   # Not through vLLM's wheel folder: its mistral_common breaks gguf's import.
-  PYTHONPATH=/tmp/site-gguf:$PWD python3 -m vllm_dominotree.smollm2 "$work/target" \
+  PYTHONPATH=/tmp/site-gguf:$PWD python3 -m vllm_dominotree.training.smollm2 "$work/target" \
     --gguf /tmp/smollm2.gguf
 }
 

@@ -13,8 +13,8 @@ work=$1
 minutes=$2
 gguf=${3:-}
 python=${PYTHON:-python3}
-"$python" -m vllm_dominotree.smollm2 "$work/target" ${gguf:+--gguf "$gguf"}
-[ -f "$work/data.jsonl" ] || "$python" -m vllm_dominotree.distill --target "$work/target" \
+"$python" -m vllm_dominotree.training.smollm2 "$work/target" ${gguf:+--gguf "$gguf"}
+[ -f "$work/data.jsonl" ] || "$python" -m vllm_dominotree.training.distill --target "$work/target" \
   --out "$work/data.jsonl" --prompts "${PROMPTS:-12000}" --max-tokens 512 \
   --max-num-seqs "${MAX_NUM_SEQS:-256}" --dtype "${DTYPE:-auto}"
 "$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 from vllm_dominotree.drafter import Drafter
-from vllm_dominotree.smollm2 import convert
-from vllm_dominotree.toy_pair import PairSpec, write_pair
+from vllm_dominotree.training.smollm2 import convert
 
 # Noise at which the toy drafter's corrected top-1 is wrong often enough for trees to
 # take sibling paths, yet right often enough for deep and whole-block acceptance.

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 from scipy.stats import chisquare
+from tree_helpers import node_path
 
 from vllm_dominotree.tree import DraftTree, SamplingParams, accept, draw_target_tokens, target_probs
 
@@ -46,7 +47,8 @@ def context_logits(path: tuple[int, ...]) -> torch.Tensor:
 
 def node_paths(tree: DraftTree, prefix: tuple[int, ...]) -> list[tuple[int, ...]]:
     return [
-        prefix + tuple(tree.tokens[n] for n in [0, *tree.path(i)]) for i in range(tree.num_nodes)
+        prefix + tuple(tree.tokens[n] for n in [0, *node_path(tree, i)])
+        for i in range(tree.num_nodes)
     ]
 
 

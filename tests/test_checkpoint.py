@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from vllm_dominotree.demo.toy_pair import PairSpec, drafter_config, drafter_tensors
 from vllm_dominotree.drafter import (
     ContextKV,
     Drafter,
@@ -24,7 +25,6 @@ from vllm_dominotree.drafter import (
 )
 from vllm_dominotree.drafter.checkpoint import read_shards, write_shards
 from vllm_dominotree.drafter.model import rope
-from vllm_dominotree.toy_pair import PairSpec, drafter_config, drafter_tensors
 
 # Two drafter layers over an 8-layer target: target_layer_ids [1, 5], fc takes 2 * H.
 SPEC = PairSpec(target_layers=8, draft_layers=2)

@@ -39,8 +39,15 @@ def random_step(seed: int, vocab: int = 3):
             continue
         tree = random_tree(gen, int(torch.randint(1, 12, (1,), generator=gen)), vocab)
         pad = r % 2
-        t = TreeRows(r, token_row, logits_row, 100 + r, tree.tokens + [7] * pad,
-                     tree.parents + [PAD_PARENT] * pad, tree.depths + [1] * pad)  # fmt: skip
+        t = TreeRows(
+            r,
+            token_row,
+            logits_row,
+            100 + r,
+            tree.tokens + [7] * pad,
+            tree.parents + [PAD_PARENT] * pad,
+            tree.depths + [1] * pad,
+        )
         trees.append(t)
         host.append((r, tree))
         logits_requests += [r] * t.num_rows

@@ -13,8 +13,13 @@ LIMIT = 24 * 1024 * 1024
 
 
 def _run(script: str, *args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "scripts" / script), *args], cwd=cwd,
-                          env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / script), *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_files_arrive_whole_after_the_last_chunk(tmp_path):
@@ -22,8 +27,11 @@ def test_files_arrive_whole_after_the_last_chunk(tmp_path):
     payload.mkdir()
     (payload / "big.bin").write_bytes(os.urandom(20 * 1024 * 1024))
     (payload / "small.txt").write_text("hello")
-    env = {"SHIP_DIR": str(tmp_path / "ship"), "SHIP_LIMIT": str(LIMIT),
-           "SHIP_STORE": str(tmp_path / "store")}  # fmt: skip
+    env = {
+        "SHIP_DIR": str(tmp_path / "ship"),
+        "SHIP_LIMIT": str(LIMIT),
+        "SHIP_STORE": str(tmp_path / "store"),
+    }
     packed = _run("device_pack.sh", str(payload), cwd=ROOT, env=env)
     assert packed.returncode == 0, packed.stderr
     chunks = sorted(int(p.name) for p in (tmp_path / "ship").iterdir())
@@ -47,8 +55,11 @@ def test_files_arrive_whole_after_the_last_chunk(tmp_path):
 def test_a_damaged_chunk_is_refused(tmp_path):
     payload = tmp_path / "payload.bin"
     payload.write_bytes(os.urandom(9 * 1024 * 1024))
-    env = {"SHIP_DIR": str(tmp_path / "ship"), "SHIP_LIMIT": str(LIMIT),
-           "SHIP_STORE": str(tmp_path / "store")}  # fmt: skip
+    env = {
+        "SHIP_DIR": str(tmp_path / "ship"),
+        "SHIP_LIMIT": str(LIMIT),
+        "SHIP_STORE": str(tmp_path / "store"),
+    }
     assert _run("device_pack.sh", str(payload), cwd=ROOT, env=env).returncode == 0
     chunks = sorted(int(p.name) for p in (tmp_path / "ship").iterdir())
     piece = tmp_path / "ship" / "1" / "piece"

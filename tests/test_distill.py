@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_dominotree.datasets import load_dataset
-from vllm_dominotree.distill import evaluation_texts, overlap, training_prompts
+from vllm_dominotree.evaluation.datasets import load_dataset
+from vllm_dominotree.training.distill import evaluation_texts, overlap, training_prompts
 
 
 def test_prompts_are_distinct_deterministic_and_varied():

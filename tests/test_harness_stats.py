@@ -15,18 +15,26 @@ import harness
 
 
 def _records(tokens: list[int], seconds: list[float], drafts: list[int], accepted: list[int]):
-    return [{"tokens": t, "seconds": s, "drafts": d, "accepted": a}
-            for t, s, d, a in zip(tokens, seconds, drafts, accepted, strict=True)]  # fmt: skip
+    return [
+        {"tokens": t, "seconds": s, "drafts": d, "accepted": a}
+        for t, s, d, a in zip(tokens, seconds, drafts, accepted, strict=True)
+    ]
 
 
 def _results() -> dict[str, dict[str, list[dict]]]:
-    base = {"code": _records([100, 80, 120], [2.0, 2.5, 3.0], [0, 0, 0], [0, 0, 0]),
-            "math": _records([60, 90], [1.0, 2.0], [0, 0], [0, 0])}  # fmt: skip
+    base = {
+        "code": _records([100, 80, 120], [2.0, 2.5, 3.0], [0, 0, 0], [0, 0, 0]),
+        "math": _records([60, 90], [1.0, 2.0], [0, 0], [0, 0]),
+    }
     # marginal: 1.5x no-spec on every prompt; conditional: 1.2x marginal on every prompt.
-    marginal = {name: [{**r, "seconds": r["seconds"] / 1.5, "drafts": 10, "accepted": 8}
-                       for r in records] for name, records in base.items()}  # fmt: skip
-    conditional = {name: [{**r, "seconds": r["seconds"] / 1.2, "accepted": 12} for r in records]
-                   for name, records in marginal.items()}  # fmt: skip
+    marginal = {
+        name: [{**r, "seconds": r["seconds"] / 1.5, "drafts": 10, "accepted": 8} for r in records]
+        for name, records in base.items()
+    }
+    conditional = {
+        name: [{**r, "seconds": r["seconds"] / 1.2, "accepted": 12} for r in records]
+        for name, records in marginal.items()
+    }
     return {"no-spec": base, "marginal": marginal, "conditional-16": conditional}
 
 

@@ -52,8 +52,11 @@ def test_only_dominotree_engines_run_the_v1_runner(monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
 
     def config(extra):
-        return SimpleNamespace(additional_config=extra, watermark_config=None,
-                               attention_config=SimpleNamespace(hisparse_config=None))  # fmt: skip
+        return SimpleNamespace(
+            additional_config=extra,
+            watermark_config=None,
+            attention_config=SimpleNamespace(hisparse_config=None),
+        )
 
     choose = VllmConfig.use_v2_model_runner.fget
     assert choose(config(None)) is True

@@ -117,8 +117,8 @@ def test_seeds_reproduce(toy_pair):
 
 def test_conditional_needs_a_domino_checkpoint(toy_pair, tmp_path):
     from vllm_dominotree.config import DominoTreeConfigError
+    from vllm_dominotree.demo.toy_pair import write_drafter
     from vllm_dominotree.drafter import Drafter
-    from vllm_dominotree.toy_pair import write_drafter
 
     target, _, _, spec = toy_pair
     plain = Drafter.load(write_drafter(tmp_path / "dflash", spec, domino=False, shift_label=False))

@@ -9,11 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vllm_dominotree.config import DominoTreeConfig
-from vllm_dominotree.datasets import chat_token_ids
 from vllm_dominotree.drafter import Drafter, check_fits_target, read_spec
+from vllm_dominotree.evaluation.datasets import chat_token_ids
 from vllm_dominotree.reference import ReferenceDecoder
-from vllm_dominotree.smollm2 import DRAFTER_DIR, load_gguf
-from vllm_dominotree.training import initial_tensors
+from vllm_dominotree.training.smollm2 import DRAFTER_DIR, load_gguf
+from vllm_dominotree.training.trainer import initial_tensors
 
 PROMPTS = ["What is 15% of 240? Explain briefly.", "Give three tips for sleeping better."]
 
@@ -30,8 +30,9 @@ def test_converted_copy_generates_like_the_gguf(smollm2_dir):
     copy_tokenizer = AutoTokenizer.from_pretrained(out)
     messages = [{"role": "user", "content": "Name three colors."}]
     text = copy_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=False)  # fmt: skip
+    assert text == tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
     prompt = copy_tokenizer(text, add_special_tokens=False)["input_ids"]
     assert prompt == tokenizer(text, add_special_tokens=False)["input_ids"]
     want = ReferenceDecoder(original).generate(prompt, 24).tokens
@@ -45,8 +46,12 @@ def test_embedded_drafter_is_trained_for_smollm2(smollm2_dir, tmp_path):
     far more than the same drafter before training (its initial weights)."""
     spec = read_spec(DRAFTER_DIR)
     config = json.loads((smollm2_dir / "config.json").read_text())
-    check_fits_target(spec, hidden_size=config["hidden_size"], vocab_size=config["vocab_size"],
-                      num_layers=config["num_hidden_layers"])  # fmt: skip
+    check_fits_target(
+        spec,
+        hidden_size=config["hidden_size"],
+        vocab_size=config["vocab_size"],
+        num_layers=config["num_hidden_layers"],
+    )
     assert spec.is_domino and spec.block_size == 16
     assert sum(f.stat().st_size for f in DRAFTER_DIR.iterdir()) < 40e6
 
@@ -55,15 +60,19 @@ def test_embedded_drafter_is_trained_for_smollm2(smollm2_dir, tmp_path):
     untrained_dir = tmp_path / "untrained"
     untrained_dir.mkdir()
     (untrained_dir / "config.json").write_text((DRAFTER_DIR / "config.json").read_text())
-    tensors = initial_tensors(json.loads((DRAFTER_DIR / "config.json").read_text()), target,
-                              torch.Generator().manual_seed(0))  # fmt: skip
+    tensors = initial_tensors(
+        json.loads((DRAFTER_DIR / "config.json").read_text()),
+        target,
+        torch.Generator().manual_seed(0),
+    )
     from safetensors.torch import save_file
 
     save_file(tensors, str(untrained_dir / "model.safetensors"))
 
     def mean_accept(drafter_dir, scorer):
-        decoder = ReferenceDecoder(target, Drafter.load(str(drafter_dir)),
-                                   DominoTreeConfig(scorer=scorer))  # fmt: skip
+        decoder = ReferenceDecoder(
+            target, Drafter.load(str(drafter_dir)), DominoTreeConfig(scorer=scorer)
+        )
         lengths = []
         for prompt in PROMPTS:
             ids = chat_token_ids(tokenizer, prompt)

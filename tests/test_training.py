@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from vllm_dominotree.config import DominoTreeConfig
 from vllm_dominotree.drafter import Drafter, read_spec
 from vllm_dominotree.reference import ReferenceDecoder
-from vllm_dominotree.training import Trainer, load_sequences, make_batch
+from vllm_dominotree.training.trainer import Trainer, load_sequences, make_batch
 
-OPTIONS = dict(block_size=6, layers=1, target_layers=2, gru=32, emb=32, lr=3e-3, seed=0,
-               device="cpu", warmup=5)  # fmt: skip
+OPTIONS = dict(
+    block_size=6, layers=1, target_layers=2, gru=32, emb=32, lr=3e-3, seed=0, device="cpu", warmup=5
+)
 
 
 def self_distilled(target, path, count=24, length=48):
@@ -24,8 +25,9 @@ def self_distilled(target, path, count=24, length=48):
     decoder = ReferenceDecoder(target)
     with path.open("w") as f:
         for _ in range(count):
-            prompt = torch.randint(0, 63, (int(torch.randint(2, 8, (1,), generator=gen)),),
-                                   generator=gen).tolist()  # fmt: skip
+            prompt = torch.randint(
+                0, 63, (int(torch.randint(2, 8, (1,), generator=gen)),), generator=gen
+            ).tolist()
             tokens = prompt + decoder.generate(prompt, length).tokens
             f.write(json.dumps({"tokens": tokens, "prompt_len": len(prompt)}) + "\n")
     return load_sequences(path)
@@ -113,9 +115,10 @@ def test_batched_loss_equals_per_anchor_blocks(attentive_target, tmp_path, decay
             base, corrected = anchor_loss(trainer, tokens, p)
             base_terms.append(base * weights)
             corrected_terms.append(corrected[start:] * weights[start:])
-    expected = 0.5 * (torch.cat(base_terms).sum() / (weights.sum() * len(base_terms))
-                      + torch.cat(corrected_terms).sum()
-                      / (weights[start:].sum() * len(corrected_terms)))  # fmt: skip
+    expected = 0.5 * (
+        torch.cat(base_terms).sum() / (weights.sum() * len(base_terms))
+        + torch.cat(corrected_terms).sum() / (weights[start:].sum() * len(corrected_terms))
+    )
     assert torch.allclose(trainer.loss(batch), expected, rtol=1e-5), (trainer.loss(batch), expected)
 
 
@@ -124,9 +127,16 @@ def test_drafter_config_takes_the_targets_rope_base(smollm2_dir):
     layers copied from it must rotate the same way."""
     from transformers import AutoConfig
 
-    from vllm_dominotree.training import drafter_config
+    from vllm_dominotree.training.trainer import drafter_config
 
-    config = drafter_config(AutoConfig.from_pretrained(smollm2_dir), block_size=16, layers=1,
-                            target_layers=4, gru=8, emb=8, mask_token_id=2)  # fmt: skip
+    config = drafter_config(
+        AutoConfig.from_pretrained(smollm2_dir),
+        block_size=16,
+        layers=1,
+        target_layers=4,
+        gru=8,
+        emb=8,
+        mask_token_id=2,
+    )
     assert config["rope_theta"] == 100000.0
     assert config["dflash_config"]["target_layer_ids"] == [1, 10, 18, 27]

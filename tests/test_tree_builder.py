@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 import torch
+from tree_helpers import node_path
 
+from vllm_dominotree.demo.toy_pair import PairSpec, drafter_config, drafter_tensors
 from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.drafter.checkpoint import write_checkpoint
-from vllm_dominotree.toy_pair import PairSpec, drafter_config, drafter_tensors
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 
 V, K = 40, 5
@@ -37,18 +38,31 @@ def random_step(head, requests: int, seed: int):
 
 
 def conditional(head, embed, shape, candidates, requests, prefix_len=1):
-    return make_scorer("conditional", head, embed, shape=shape, candidates=candidates,
-                       prefix_len=prefix_len, max_requests=requests)  # fmt: skip
+    return make_scorer(
+        "conditional",
+        head,
+        embed,
+        shape=shape,
+        candidates=candidates,
+        prefix_len=prefix_len,
+        max_requests=requests,
+    )
 
 
 def marginal(embed, shape, requests):
-    return make_scorer("marginal", None, embed, shape=shape, candidates=V, prefix_len=1,
-                       max_requests=requests)  # fmt: skip
+    return make_scorer(
+        "marginal", None, embed, shape=shape, candidates=V, prefix_len=1, max_requests=requests
+    )
 
 
 def device_trees(scorer, shape, anchors, *, chain=False, max_requests=None):
-    builder = DeviceTreeBuilder(scorer, shape, chain=chain, device=torch.device("cpu"),
-                                max_requests=max_requests or len(anchors))  # fmt: skip
+    builder = DeviceTreeBuilder(
+        scorer,
+        shape,
+        chain=chain,
+        device=torch.device("cpu"),
+        max_requests=max_requests or len(anchors),
+    )
     return builder.build(torch.tensor(anchors))
 
 
@@ -128,7 +142,7 @@ def test_conditional_tree_equals_definition(head, candidates, prefix_len):
             head, hidden[r], base[r], embed, anchors[r], shape, candidates, prefix_len
         )
         got = {
-            tuple(tree.tokens[n] for n in tree.path(i)): tree.scores[i]
+            tuple(tree.tokens[n] for n in node_path(tree, i)): tree.scores[i]
             for i in range(1, tree.num_nodes)
         }
         assert got.keys() == expected.keys()

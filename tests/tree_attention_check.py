@@ -10,8 +10,18 @@ from vllm_dominotree.engine.tree_step import tree_bits
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
 
 
-def random_case(device, dtype, seed, requests=4, heads=8, kv_heads=2, head_dim=64, page=16,
-                max_context=1100, max_rows=17):  # fmt: skip
+def random_case(
+    device,
+    dtype,
+    seed,
+    requests=4,
+    heads=8,
+    kv_heads=2,
+    head_dim=64,
+    page=16,
+    max_context=1100,
+    max_rows=17,
+):
     """Per request a committed prefix of random length and a random tree of up to
     max_rows rows right after it (the first request is a plain decode row); the
     requests' pages are scattered over the cache. Returns the kernel's arguments."""
@@ -43,13 +53,21 @@ def random_case(device, dtype, seed, requests=4, heads=8, kv_heads=2, head_dim=6
     def on(t, dt=None):
         return t.to(device=device, dtype=dt or t.dtype)
 
-    return (on(query, dtype), on(key_cache, dtype), on(value_cache, dtype), on(block_table),
-            on(query_start), on(torch.tensor(seq_lens, dtype=torch.int32)), on(ancestors),
-            on(needs_fix))  # fmt: skip
+    return (
+        on(query, dtype),
+        on(key_cache, dtype),
+        on(value_cache, dtype),
+        on(block_table),
+        on(query_start),
+        on(torch.tensor(seq_lens, dtype=torch.int32)),
+        on(ancestors),
+        on(needs_fix),
+    )
 
 
-def max_error(device: str, dtype: torch.dtype, seed: int, capacity_rows: int = 4096,
-              **shape) -> tuple[float, float, int]:  # fmt: skip
+def max_error(
+    device: str, dtype: torch.dtype, seed: int, capacity_rows: int = 4096, **shape
+) -> tuple[float, float, int]:
     """(max |kernel - reference| on the rows that need a fix, max change on the other rows,
     number of fixed rows). capacity_rows below the batch's rows forces the one-split path."""
     args = random_case(device, dtype, seed, **shape)
@@ -57,8 +75,13 @@ def max_error(device: str, dtype: torch.dtype, seed: int, capacity_rows: int = 4
     scale = query.shape[-1] ** -0.5
     sentinel = torch.full_like(query, 7.0)
     got, want = sentinel.clone(), sentinel.clone()
-    kernel = TreeAttention(query.shape[1], query.shape[2], shape.get("max_rows", 17),
-                           query.device, capacity_rows=capacity_rows)  # fmt: skip
+    kernel = TreeAttention(
+        query.shape[1],
+        query.shape[2],
+        shape.get("max_rows", 17),
+        query.device,
+        capacity_rows=capacity_rows,
+    )
     kernel(*args, scale, got)
     tree_attention_reference(*args, scale, want)
     fixed = needs_fix.bool()

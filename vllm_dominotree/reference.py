@@ -26,7 +26,7 @@ from .config import DominoTreeConfig
 from .drafter.checkpoint import check_fits_target
 from .drafter.model import Drafter
 from .tree.acceptance import SamplingParams, accept, draw_target_tokens
-from .tree.builder import build_trees
+from .tree.builder import ancestor_mask, build_trees
 from .tree.scorers import make_scorer
 
 STAGES = ("draft", "build", "verify", "commit")
@@ -167,7 +167,7 @@ class ReferenceDecoder:
         tokens = torch.tensor([tree.tokens], device=self.device)
         positions = start + torch.tensor([tree.depths], device=self.device)
         visible = torch.ones(tree.num_nodes, start + tree.num_nodes, dtype=torch.bool)
-        visible[:, start:] = tree.ancestor_mask()
+        visible[:, start:] = ancestor_mask(tree.parents)
         mask = torch.zeros(visible.shape, dtype=self.embed.dtype).masked_fill(
             ~visible, torch.finfo(self.embed.dtype).min
         )

@@ -14,7 +14,7 @@ import pytest
 import torch
 from stats_helpers import pooled_chi2_pvalue
 
-from vllm_dominotree.toy_pair import PairSpec, write_drafter, write_pair
+from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter, write_pair
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

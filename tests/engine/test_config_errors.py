@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_dominotree.config import DominoTreeConfigError
+from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
 from vllm_dominotree.patches.engine_args import check_engine_config
-from vllm_dominotree.toy_pair import PairSpec, write_drafter
 
 from .conftest import PROMPTS, dominotree, greedy, make_llm
 
@@ -92,8 +92,9 @@ def test_data_parallelism_is_refused(pair_dirs):
     any EngineArgs) reach the plugin, which names the option."""
     from vllm.engine.arg_utils import EngineArgs
 
-    args = EngineArgs(model=pair_dirs["target"], data_parallel_size=2,
-                      speculative_config=dominotree(pair_dirs))  # fmt: skip
+    args = EngineArgs(
+        model=pair_dirs["target"], data_parallel_size=2, speculative_config=dominotree(pair_dirs)
+    )
     with pytest.raises(DominoTreeConfigError, match="set data_parallel_size=1"):
         args.create_engine_config()
 

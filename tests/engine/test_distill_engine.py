@@ -3,8 +3,8 @@ training code reads the result."""
 
 from __future__ import annotations
 
-from vllm_dominotree.distill import generate, training_prompts
-from vllm_dominotree.training import load_sequences
+from vllm_dominotree.training.distill import generate, training_prompts
+from vllm_dominotree.training.trainer import load_sequences
 
 
 def test_generated_data_feeds_training(pair_dirs, tmp_path):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_dominotree.toy_pair import PairSpec, write_drafter
+from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
 
 from .conftest import PROMPTS, make_llm, shutdown
 
@@ -86,8 +86,9 @@ def engine_commits(llm, prompts: list[list[int]]) -> list[list[int]]:
     from vllm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                            output_kind=RequestOutputKind.DELTA)  # fmt: skip
+    params = SamplingParams(
+        temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
     steps: dict[str, list[int]] = {}
     for i, prompt in enumerate(prompts):
         steps[str(i)] = []
@@ -102,8 +103,9 @@ def engine_commits(llm, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("scorer", ["chain", "conditional"])
-def test_engine_rounds_match_the_reference_decoder(scorer, pair_dirs, drafter_dir,
-                                                   reference_models):  # fmt: skip
+def test_engine_rounds_match_the_reference_decoder(
+    scorer, pair_dirs, drafter_dir, reference_models
+):
     llm = make_llm(pair_dirs, {"method": "dominotree", "model": drafter_dir, "scorer": scorer})
     try:
         engine = engine_commits(llm, PROMPTS)

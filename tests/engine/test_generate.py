@@ -104,8 +104,11 @@ def test_seeds_reproduce(conditional):
 
     def run(seed):
         params = SamplingParams(temperature=1.0, max_tokens=30, seed=seed, ignore_eos=True)
-        return list(conditional.generate([{"prompt_token_ids": PROMPTS[2]}], params,
-                                         use_tqdm=False)[0].outputs[0].token_ids)  # fmt: skip
+        return list(
+            conditional.generate([{"prompt_token_ids": PROMPTS[2]}], params, use_tqdm=False)[0]
+            .outputs[0]
+            .token_ids
+        )
 
     assert run(3) == run(3)
     assert run(3) != run(4)
@@ -128,7 +131,10 @@ def test_plain_dflash_chain_matches_vllm_dflash(pair_dirs, expected):
             shutdown(llm)
     assert results["plugin"][0] == results["vllm"][0] == expected
     ours, theirs = results["plugin"][1], results["vllm"][1]
-    for key in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens",
-                "vllm:spec_decode_num_accepted_tokens_per_pos"):  # fmt: skip
+    for key in (
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+    ):
         assert ours[key] == theirs[key], key
     assert ours["vllm:spec_decode_num_accepted_tokens"] > 0

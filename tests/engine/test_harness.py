@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_dominotree.datasets import load_dataset
+from vllm_dominotree.evaluation.datasets import load_dataset
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import harness
@@ -33,15 +33,27 @@ def test_builtin_datasets(name, count, turns, marker):
 
 
 def _args(pair_dirs, tmp_path, mode, profile=False):
-    return Namespace(target=pair_dirs["target"], drafter=pair_dirs["drafter"], dtype="float32",
-                     max_model_len=256, max_new_tokens=24, enforce_eager=True, mode=mode,
-                     out=tmp_path / mode, profile=profile)  # fmt: skip
+    return Namespace(
+        target=pair_dirs["target"],
+        drafter=pair_dirs["drafter"],
+        dtype="float32",
+        max_model_len=256,
+        max_new_tokens=24,
+        enforce_eager=True,
+        mode=mode,
+        out=tmp_path / mode,
+        profile=profile,
+    )
 
 
 def _datasets(tmp_path):
     data = tmp_path / "mine.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": p}) for p in
-                              ["the quick brown fox", "abc", "Hello there", "x y z"]))  # fmt: skip
+    data.write_text(
+        "\n".join(
+            json.dumps({"prompt": p})
+            for p in ["the quick brown fox", "abc", "Hello there", "x y z"]
+        )
+    )
     return {"mine": load_dataset(f"mine={data}")}
 
 

@@ -97,8 +97,11 @@ def test_the_target_depends_on_its_context(pair_dirs, baseline):
     tensors = load_file(f"{pair_dirs['target']}/model.safetensors")
     bigram = (tensors["model.embed_tokens.weight"] @ tensors["lm_head.weight"].T).argmax(-1)
     outputs = greedy(baseline, PREEMPT_PROMPTS, PREEMPT_MAX_TOKENS)
-    pairs = [(a, b) for p, o in zip(PREEMPT_PROMPTS, outputs, strict=True)
-             for a, b in itertools.pairwise(p[-1:] + o)]  # fmt: skip
+    pairs = [
+        (a, b)
+        for p, o in zip(PREEMPT_PROMPTS, outputs, strict=True)
+        for a, b in itertools.pairwise(p[-1:] + o)
+    ]
     off_bigram = sum(int(bigram[a]) != b for a, b in pairs) / len(pairs)
     assert off_bigram > 0.1, off_bigram
 

@@ -20,9 +20,21 @@ TOKENS = 12
 
 
 def test_round_cost_bench_runs_every_method(tmp_path):
-    command = [sys.executable, str(ROOT / "benchmarks" / "round_cost_bench.py"),
-               "--out", str(tmp_path), "--shape", "tiny", "--batches", *map(str, BATCHES),
-               "--tokens", str(TOKENS), "--enforce-eager", "--methods", *METHODS]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "round_cost_bench.py"),
+        "--out",
+        str(tmp_path),
+        "--shape",
+        "tiny",
+        "--batches",
+        *map(str, BATCHES),
+        "--tokens",
+        str(TOKENS),
+        "--enforce-eager",
+        "--methods",
+        *METHODS,
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
@@ -40,8 +52,12 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             assert set(split) == {"verify", "accept", "draft", "build", "rest"}
             assert all(split[k] > 0 for k in ("verify", "draft", "build")), split
             # The traced pass counted per step (zeros here: no CUDA on this machine).
-            assert set(r["per_step"]) == {"graph_launches", "kernel_launches", "host_waits",
-                                          "memcpy_async"}  # fmt: skip
+            assert set(r["per_step"]) == {
+                "graph_launches",
+                "kernel_launches",
+                "host_waits",
+                "memcpy_async",
+            }
         else:
             assert "profiled_ms" not in r
         if r["method"] in PAPER_TAU:

@@ -15,7 +15,7 @@ import time
 import pytest
 import requests
 
-from vllm_dominotree.server import ApiServer, ServerError, log_tail, sse_events
+from vllm_dominotree.evaluation.server import ApiServer, ServerError, log_tail, sse_events
 
 from .conftest import MAX_MODEL_LEN, greedy
 
@@ -50,8 +50,13 @@ class Server(ApiServer):
 
     def _completion(self, prompt, max_tokens: int, **body) -> requests.Response:
         """A greedy completion that never stops early (ignore_eos)."""
-        request = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                   "temperature": 0, **body}  # fmt: skip
+        request = {
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            **body,
+        }
         return self.post("/v1/completions", request, stream=bool(body.get("stream")))
 
     def complete(self, prompt, max_tokens: int = MAX_TOKENS, **body) -> dict:
@@ -70,11 +75,23 @@ def server(pair_dirs, tmp_path_factory, request):
     """One server per scorer; every test below runs against each."""
     root = tmp_path_factory.mktemp("server")
     spec = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": request.param}
-    args = ["--served-model-name", SERVED_NAME, "--dtype", "float32",
-            "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--seed", "0",
-            "--enable-log-requests", "--speculative-config", json.dumps(spec)]  # fmt: skip
-    server = Server.start(pair_dirs["target"], root / "server.log", args,
-                          env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    args = [
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--enable-log-requests",
+        "--speculative-config",
+        json.dumps(spec),
+    ]
+    server = Server.start(
+        pair_dirs["target"], root / "server.log", args, env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+    )
     try:
         # Build the offline baseline engine while the server starts (both take ~30-60 s).
         request.getfixturevalue("baseline")
@@ -183,7 +200,7 @@ def test_streaming_completion_matches_non_streamed(server, baseline, tokenizer):
     assert response.headers["content-type"].startswith("text/event-stream")
     pieces, token_ids, finish = [], [], []
     with response:
-        for event in sse_events(response):
+        for event in sse_events(response.iter_lines(decode_unicode=True)):
             for choice in event["choices"]:
                 assert choice["index"] == 0
                 pieces.append(choice["text"])
@@ -216,7 +233,7 @@ def test_client_disconnect_mid_stream(server, baseline, tokenizer):
     text = "a"
     max_tokens = MAX_MODEL_LEN - len(text) - 1
     response = server.stream(text, max_tokens)
-    events = sse_events(response)
+    events = sse_events(response.iter_lines(decode_unicode=True))
     first = [next(events) for _ in range(3)]
     request_id = first[0]["id"]
     assert all(not event["choices"][0].get("finish_reason") for event in first)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from vllm_dominotree.datasets import chat_token_ids
-from vllm_dominotree.smollm2 import DRAFTER_DIR
+from vllm_dominotree.evaluation.datasets import chat_token_ids
+from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
 from .conftest import greedy, make_llm, shutdown, tree_stats
 

@@ -40,8 +40,10 @@ def make_tp2(pair_dirs, config, **env):
 def seeded(llm) -> list[list[int]]:
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24, seed=s, ignore_eos=True)
-              for s in range(len(PROMPTS))]  # fmt: skip
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24, seed=s, ignore_eos=True)
+        for s in range(len(PROMPTS))
+    ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 
@@ -50,8 +52,11 @@ def run(llm) -> dict:
     """Greedy tokens with every rank's counters for them, then seeded samples."""
     tokens = greedy(llm)
     stats = llm.collective_rpc("dominotree_stats")
-    return {"greedy": tokens, "stats": [{k: s[k] for k in COUNTERS} for s in stats],
-            "seeded": seeded(llm)}  # fmt: skip
+    return {
+        "greedy": tokens,
+        "stats": [{k: s[k] for k in COUNTERS} for s in stats],
+        "seeded": seeded(llm),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -145,15 +150,30 @@ def test_tp2_server_serves_the_targets_tokens(pair_dirs, baseline, tmp_path):
 
     import requests
 
-    from vllm_dominotree.server import ApiServer, ServerError, sse_events
+    from vllm_dominotree.evaluation.server import ApiServer, ServerError, sse_events
 
     spec = {"method": "dominotree", "model": pair_dirs["drafter"]}
-    args = ["--served-model-name", "toy", "--dtype", "float32", "--max-model-len", "256",
-            "--enforce-eager", "--seed", "0", "--tensor-parallel-size", "2",
-            "--speculative-config", json.dumps(spec)]  # fmt: skip
-    server = ApiServer.start(pair_dirs["target"], tmp_path / "server.log", args,
-                             env={"VLLM_CPU_KVCACHE_SPACE": "1",
-                                  "VLLM_CPU_OMP_THREADS_BIND": "0|1"})  # fmt: skip
+    args = [
+        "--served-model-name",
+        "toy",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--tensor-parallel-size",
+        "2",
+        "--speculative-config",
+        json.dumps(spec),
+    ]
+    server = ApiServer.start(
+        pair_dirs["target"],
+        tmp_path / "server.log",
+        args,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+    )
     try:
         try:
             server.wait_healthy(240)
@@ -161,14 +181,28 @@ def test_tp2_server_serves_the_targets_tokens(pair_dirs, baseline, tmp_path):
             pytest.fail(str(err))
         want = greedy(baseline, PROMPTS[:4], max_tokens=32)
         for prompt, tokens in zip(PROMPTS[:4], want, strict=True):
-            body = {"model": "toy", "prompt": prompt, "max_tokens": 32, "temperature": 0,
-                    "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+            body = {
+                "model": "toy",
+                "prompt": prompt,
+                "max_tokens": 32,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
             plain = requests.post(f"{server.url}/v1/completions", json=body, timeout=120)
             assert plain.status_code == 200, plain.text
             assert plain.json()["choices"][0]["token_ids"] == tokens
-            streamed = requests.post(f"{server.url}/v1/completions", json=body | {"stream": True},
-                                     stream=True, timeout=120)  # fmt: skip
-            got = [t for e in sse_events(streamed) for t in e["choices"][0].get("token_ids") or []]
+            streamed = requests.post(
+                f"{server.url}/v1/completions",
+                json=body | {"stream": True},
+                stream=True,
+                timeout=120,
+            )
+            got = [
+                t
+                for e in sse_events(streamed.iter_lines(decode_unicode=True))
+                for t in e["choices"][0].get("token_ids") or []
+            ]
             assert got == tokens
         metrics = requests.get(f"{server.url}/metrics", timeout=30).text
         assert "vllm:spec_decode_num_accepted_tokens_total" in metrics

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter, write_pair
 from vllm_dominotree.drafter import read_spec
 from vllm_dominotree.drafter.checkpoint import load_tensors, write_checkpoint
-from vllm_dominotree.smollm2 import DRAFTER_DIR
-from vllm_dominotree.toy_pair import PairSpec, write_drafter, write_pair
+from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
 NUM_PROMPTS = 100
 MAX_TOKENS = 128
@@ -37,8 +37,11 @@ def dflash_backbone_of(domino_dir: Path, out: Path) -> Path:
     config = json.loads((domino_dir / "config.json").read_text())
     for key in ("projector_type", "gru_hidden_dim", "emb_dim", "pure_draft_prefix_len"):
         config["dflash_config"].pop(key, None)
-    tensors = {name: t for name, t in load_tensors(read_spec(domino_dir)).items()
-               if not name.startswith(("prefix_gru", "embed_proj"))}  # fmt: skip
+    tensors = {
+        name: t
+        for name, t in load_tensors(read_spec(domino_dir)).items()
+        if not name.startswith(("prefix_gru", "embed_proj"))
+    }
     return write_checkpoint(out, config, tensors)
 
 
@@ -47,16 +50,23 @@ def toy_pair(root: Path) -> dict:
     target, domino = write_pair(root, spec)
     dflash = write_drafter(root / "dflash", spec, domino=False, shift_label=False)
     gen = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(0, 63, (int(n),), generator=gen).tolist()
-               for n in torch.randint(1, 40, (NUM_PROMPTS,), generator=gen)]  # fmt: skip
-    return {"target": str(target), "domino": str(domino), "dflash": str(dflash),
-            "num_drafts": 7, "prompts": prompts}  # fmt: skip
+    prompts = [
+        torch.randint(0, 63, (int(n),), generator=gen).tolist()
+        for n in torch.randint(1, 40, (NUM_PROMPTS,), generator=gen)
+    ]
+    return {
+        "target": str(target),
+        "domino": str(domino),
+        "dflash": str(dflash),
+        "num_drafts": 7,
+        "prompts": prompts,
+    }
 
 
 def smollm2_pair(root: Path) -> dict:
     from transformers import AutoTokenizer
 
-    from vllm_dominotree.datasets import chat_token_ids, load_dataset
+    from vllm_dominotree.evaluation.datasets import chat_token_ids, load_dataset
 
     target = os.environ.get("DOMINOTREE_SMOLLM2")
     if not target:
@@ -64,10 +74,13 @@ def smollm2_pair(root: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(target)
     turns = [c[0] for name in ("humaneval", "mtbench", "math500") for c in load_dataset(name)]
     prompts = [chat_token_ids(tokenizer, t) for t in turns[:: len(turns) // NUM_PROMPTS]]
-    return {"target": target, "domino": str(DRAFTER_DIR),
-            "dflash": str(dflash_backbone_of(DRAFTER_DIR, root / "dflash")),
-            "num_drafts": read_spec(DRAFTER_DIR).block_size - 1,
-            "prompts": prompts[:NUM_PROMPTS]}  # fmt: skip
+    return {
+        "target": target,
+        "domino": str(DRAFTER_DIR),
+        "dflash": str(dflash_backbone_of(DRAFTER_DIR, root / "dflash")),
+        "num_drafts": read_spec(DRAFTER_DIR).block_size - 1,
+        "prompts": prompts[:NUM_PROMPTS],
+    }
 
 
 @pytest.fixture(scope="module", params=["toy", "smollm2"])
@@ -79,9 +92,15 @@ def pair(request, tmp_path_factory):
 def generate(pair: dict, speculative_config) -> list[list[int]]:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=pair["target"], dtype="bfloat16", max_model_len=2048, seed=0,
-              gpu_memory_utilization=0.3, kernel_config={"enable_jit_warmup": False},
-              speculative_config=speculative_config)  # fmt: skip
+    llm = LLM(
+        model=pair["target"],
+        dtype="bfloat16",
+        max_model_len=2048,
+        seed=0,
+        gpu_memory_utilization=0.3,
+        kernel_config={"enable_jit_warmup": False},
+        speculative_config=speculative_config,
+    )
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in pair["prompts"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -98,16 +117,25 @@ def first_divergence(got: list[int], want: list[int]) -> int | None:
 def test_first_divergence_no_worse_than_vllm_dflash(pair):
     want = generate(pair, None)
     runs = {
-        "dflash": generate(pair, {"method": "dflash", "model": pair["dflash"],
-                                  "num_speculative_tokens": pair["num_drafts"]}),
-        "dominotree": generate(pair, {"method": "dominotree", "model": pair["domino"],
-                                      "budget": pair["num_drafts"]}),
-    }  # fmt: skip
+        "dflash": generate(
+            pair,
+            {
+                "method": "dflash",
+                "model": pair["dflash"],
+                "num_speculative_tokens": pair["num_drafts"],
+            },
+        ),
+        "dominotree": generate(
+            pair, {"method": "dominotree", "model": pair["domino"], "budget": pair["num_drafts"]}
+        ),
+    }
     diverged = {}
     for name, outputs in runs.items():
         points = [first_divergence(g, w) for g, w in zip(outputs, want, strict=True)]
         diverged[name] = [p for p in points if p is not None]
-        print(f"{name}: {len(diverged[name])} of {len(want)} prompts diverge from no "
-              f"speculation (first divergence at {sorted(diverged[name])})")  # fmt: skip
+        print(
+            f"{name}: {len(diverged[name])} of {len(want)} prompts diverge from no "
+            f"speculation (first divergence at {sorted(diverged[name])})"
+        )
     # No worse: at most the chain's count, plus one prompt of slack for a single flip.
     assert len(diverged["dominotree"]) <= len(diverged["dflash"]) + 1

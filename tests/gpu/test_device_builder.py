@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_dominotree.toy_pair import random_domino_head
+from vllm_dominotree.demo.toy_pair import random_domino_head
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 
 HIDDEN, VOCAB, GRU, RANK, K = 2560, 151936, 1024, 256, 16

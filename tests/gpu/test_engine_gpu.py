@@ -9,10 +9,18 @@ import gc
 
 import pytest
 
-from vllm_dominotree.toy_pair import PairSpec, write_pair
+from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 
-PROMPTS = [[5], [40, 41], [5, 9, 12, 3], list(range(10, 30)), [i % 60 for i in range(3, 120, 3)],
-           [7] * 27, [1, 2, 3, 4, 5, 6, 7], [30, 31, 32, 33, 34, 35]]  # fmt: skip
+PROMPTS = [
+    [5],
+    [40, 41],
+    [5, 9, 12, 3],
+    list(range(10, 30)),
+    [i % 60 for i in range(3, 120, 3)],
+    [7] * 27,
+    [1, 2, 3, 4, 5, 6, 7],
+    [30, 31, 32, 33, 34, 35],
+]
 # Long prompts beside short ones, with a small token budget per step: prefill chunks
 # share steps with other requests' trees (mixed batches run piecewise).
 MIXED = [*PROMPTS, [(7 * i) % 61 for i in range(150)], [(3 * i + 1) % 59 for i in range(200)]]
@@ -28,10 +36,17 @@ def generate(dirs, speculative_config, prompts=PROMPTS, **kwargs):
 
     # No JIT kernel warm-up (about 30 s per engine start on the H200): the suite must fit
     # one 9-minute command, and kernels compile on first use all the same.
-    llm = LLM(model=str(dirs[0]), dtype="float32", max_model_len=512, seed=0,
-              gpu_memory_utilization=0.25, max_num_seqs=16,
-              kernel_config={"enable_jit_warmup": False},
-              speculative_config=speculative_config, **kwargs)  # fmt: skip
+    llm = LLM(
+        model=str(dirs[0]),
+        dtype="float32",
+        max_model_len=512,
+        seed=0,
+        gpu_memory_utilization=0.25,
+        max_num_seqs=16,
+        kernel_config={"enable_jit_warmup": False},
+        speculative_config=speculative_config,
+        **kwargs,
+    )
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
@@ -67,8 +82,9 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
 
 def test_mixed_prefill_and_trees_piecewise(dirs, expected):
     config = {"method": "dominotree", "model": str(dirs[1])}
-    tokens, stats = generate(dirs, config, prompts=MIXED, max_num_batched_tokens=96,
-                             enable_chunked_prefill=True)  # fmt: skip
+    tokens, stats = generate(
+        dirs, config, prompts=MIXED, max_num_batched_tokens=96, enable_chunked_prefill=True
+    )
     print("mixed", stats)
     assert tokens == expected
     assert stats["piecewise_steps"] > 0 and stats["full_graph_steps"] > 0

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from vllm import _custom_ops as ops
 from vllm import envs
-from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
+from .backend_support import CPU_LACKS, check_supported
 from .commit import captured_kv
 from .tree_step import PAD_PARENT, TreeRows, installed
 
@@ -76,26 +76,30 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         step = verification.step if verification is not None else None
         if step is None or attn_metadata is None or layer.layer_name not in verification.layers:
             return out
-        if self.attn_type != AttentionType.DECODER or self.alibi_slopes is not None:
-            raise NotImplementedError(
-                "dominotree: tree verification supports decoder self-attention without ALiBi"
-            )
+        check_supported(self, CPU_LACKS, "CPU")
         rows = step.num_tokens
         captured_kv[layer.layer_name] = (key[:rows].clone(), value[:rows].clone())
         if _path_calls["step"] is not step:
             _path_calls.clear()
             _path_calls["step"] = step
         for tree in step.branching:
-            self._tree_rows_by_paths(layer, query, key, value, kv_cache, attn_metadata,
-                                     output, tree)  # fmt: skip
+            self._tree_rows_by_paths(
+                layer, query, key, value, kv_cache, attn_metadata, output, tree
+            )
         return out
 
     def _cache_write(self, layer, key, value, key_cache, value_cache, slots) -> None:
         ops.cpu_attn_reshape_and_cache(
-            key, value, key_cache, value_cache, slots, layer.isa,
-            k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
+            key,
+            value,
+            key_cache,
+            value_cache,
+            slots,
+            layer.isa,
+            k_scale=layer._k_scale_float,
+            v_scale=layer._v_scale_float,
             kv_cache_dtype=self.kv_cache_dtype,
-        )  # fmt: skip
+        )
 
     def _calls(self, layer, md, tree: TreeRows, dtype: torch.dtype) -> list[_PathCall]:
         s = tree.token_row
@@ -107,12 +111,19 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             seq_len = torch.tensor([tree.start + depth], dtype=torch.int32)
             query_start = torch.tensor([0, len(new_rows)], dtype=torch.int32)
             schedule = ops.cpu_attn_get_scheduler_metadata(
-                num_reqs=1, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                head_dim=self.head_size, seq_lens=seq_len, dtype=dtype,
-                query_start_loc=query_start, causal=True,
-                sliding_window_size=self.sliding_window, isa=layer.isa,
-                enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, kv_cache_dtype=self.kv_cache_dtype,
-            )  # fmt: skip
+                num_reqs=1,
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_size,
+                seq_lens=seq_len,
+                dtype=dtype,
+                query_start_loc=query_start,
+                causal=True,
+                sliding_window_size=self.sliding_window,
+                isa=layer.isa,
+                enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+                kv_cache_dtype=self.kv_cache_dtype,
+            )
             slots = md.slot_mapping[s : s + depth].contiguous()
             calls.append(_PathCall(rows, slots, new_rows, query_start, seq_len, schedule))
         return calls
@@ -128,18 +139,30 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         if calls is None:
             calls = _path_calls[cache_key] = self._calls(layer, md, tree, query.dtype)
         for call in calls:
-            self._cache_write(layer, key[call.rows], value[call.rows], key_cache, value_cache,
-                              call.slots)  # fmt: skip
+            self._cache_write(
+                layer, key[call.rows], value[call.rows], key_cache, value_cache, call.slots
+            )
             q = query[call.new_rows]
             o = torch.empty_like(q)
             ops.cpu_attention_with_kv_cache(
-                query=q, key_cache=key_cache, value_cache=value_cache, output=o,
-                query_start_loc=call.query_start, seq_lens=call.seq_len, scale=self.scale,
-                causal=True, alibi_slopes=None, sliding_window=self.sliding_window,
-                block_table=block_table, softcap=self.logits_soft_cap,
-                scheduler_metadata=call.schedule, s_aux=self.sinks, k_scale=layer._k_scale_float,
-                v_scale=layer._v_scale_float, kv_cache_dtype=self.kv_cache_dtype,
-            )  # fmt: skip
+                query=q,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                output=o,
+                query_start_loc=call.query_start,
+                seq_lens=call.seq_len,
+                scale=self.scale,
+                causal=True,
+                alibi_slopes=None,
+                sliding_window=self.sliding_window,
+                block_table=block_table,
+                softcap=self.logits_soft_cap,
+                scheduler_metadata=call.schedule,
+                s_aux=self.sinks,
+                k_scale=layer._k_scale_float,
+                v_scale=layer._v_scale_float,
+                kv_cache_dtype=self.kv_cache_dtype,
+            )
             output[call.new_rows] = o.view(output[call.new_rows].shape)
         # Every row's K/V back in its own slot.
         self._cache_write(layer, key[s:e], value[s:e], key_cache, value_cache, md.slot_mapping[s:e])

@@ -14,27 +14,14 @@ through a [blocks, slots, kv heads, head dim] view.
 
 from __future__ import annotations
 
-from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from ..kernels.tree_attention import TreeAttention
+from .backend_support import CUDA_LACKS, check_supported
 from .tree_step import installed
 
 _KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addresses stay
-
-
-def unsupported_features(impl) -> list[str]:
-    """What the tree kernel does not implement, present on this attention layer."""
-    checks = {
-        "encoder attention": impl.attn_type != AttentionType.DECODER,
-        "ALiBi": impl.alibi_slopes is not None,
-        "sliding windows": impl.sliding_window not in (None, (-1, -1), -1),
-        "logit soft-capping": bool(impl.logits_soft_cap),
-        "attention sinks": getattr(impl, "sinks", None) is not None,
-        "a quantized KV cache": impl.kv_cache_dtype != "auto",
-    }
-    return [name for name, present in checks.items() if present]
 
 
 class TreeFixupMixin:
@@ -50,9 +37,7 @@ class TreeFixupMixin:
         step = verification.step
         if not verification.capturing and (step is None or not step.any_fix):
             return out
-        found = unsupported_features(self)
-        if found:
-            raise NotImplementedError(f"dominotree: tree verification on CUDA lacks {found}")
+        check_supported(self, CUDA_LACKS, "CUDA")
         geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
         kernel = _KERNELS.get(geometry)
         if kernel is None:
@@ -60,11 +45,17 @@ class TreeFixupMixin:
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         buffers = verification.buffers
         kernel(
-            query, key_cache, value_cache, attn_metadata.block_table,
-            attn_metadata.query_start_loc, attn_metadata.seq_lens,
-            buffers.token_ancestors, buffers.token_needs_fix, self.scale,
+            query,
+            key_cache,
+            value_cache,
+            attn_metadata.block_table,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            buffers.token_ancestors,
+            buffers.token_needs_fix,
+            self.scale,
             output.view(output.shape[0], self.num_heads, self.head_size),
-        )  # fmt: skip
+        )
         return out
 
 

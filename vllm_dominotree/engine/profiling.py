@@ -51,10 +51,21 @@ class StageClock:
 
 # CUDA API calls by what they mean for the host.
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
-KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
-                   "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")  # fmt: skip
-HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-              "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize")  # fmt: skip
+KERNEL_LAUNCHES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaLaunchCooperativeKernel",
+)
+HOST_WAITS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+)
 
 
 class LaunchTrace:

@@ -23,11 +23,10 @@ from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..tree.builder import DraftTree, build_trees
 from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import make_scorer
-from .profiling import StageClock
 
 
 class DominoTreeProposer(DFlashProposer):
-    def __init__(self, vllm_config, device: torch.device, runner=None):
+    def __init__(self, vllm_config, device: torch.device, runner):
         super().__init__(vllm_config, device, runner)
         self.options = DominoTreeConfig(**vllm_config.additional_config[ADDITIONAL_CONFIG_KEY])
         self.spec = read_spec(self.draft_model_config.model)
@@ -36,7 +35,7 @@ class DominoTreeProposer(DFlashProposer):
         self.scorer = None
         self.builder: DeviceTreeBuilder | None = None
         self.last_trees: list[DraftTree] = []
-        self.clock = StageClock(device)  # the runner shares its own
+        self.clock = runner.stage_clock  # the tree runner's: one clock per step
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         # The drafter was checked against the target in process 0 (patches/engine_args.py).
@@ -113,19 +112,33 @@ class DominoTreeProposer(DFlashProposer):
         (padding is never accepted: the runner verifies against `last_trees`). A host
         list, which vLLM hands to its scheduler as it is (no device round trip)."""
         with self.clock.stage("draft"):
-            hidden, base_logits = self._draft(target_token_ids, target_positions,
-                                              target_hidden_states, next_token_ids,
-                                              token_indices_to_sample, common_attn_metadata,
-                                              mm_embed_inputs, num_rejected_tokens_gpu)  # fmt: skip
+            hidden, base_logits = self._draft(
+                target_token_ids,
+                target_positions,
+                target_hidden_states,
+                next_token_ids,
+                token_indices_to_sample,
+                common_attn_metadata,
+                mm_embed_inputs,
+                num_rejected_tokens_gpu,
+            )
         with self.clock.stage("build"):
             self.scorer.prepare(hidden, base_logits)
             self.last_trees = self._build(next_token_ids)
             pad = [0] * self.budget
             return [(tree.tokens[1:] + pad)[: self.budget] for tree in self.last_trees]
 
-    def _draft(self, target_token_ids, target_positions, target_hidden_states, next_token_ids,
-               token_indices_to_sample, common_attn_metadata, mm_embed_inputs,
-               num_rejected_tokens_gpu) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def _draft(
+        self,
+        target_token_ids,
+        target_positions,
+        target_hidden_states,
+        next_token_ids,
+        token_indices_to_sample,
+        common_attn_metadata,
+        mm_embed_inputs,
+        num_rejected_tokens_gpu,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One backbone pass over every request's block: the rows that predict drafts
         0..K-1 and their marginal logits, [R, K, H] and [R, K, V]."""
         num_reqs = common_attn_metadata.batch_size()

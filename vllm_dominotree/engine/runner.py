@@ -17,7 +17,7 @@ One step, in vLLM's own order (execute_model, then sample_tokens):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -95,10 +95,11 @@ class DominoTreeRunnerMixin:
     """Mixed into vLLM's V1 GPUModelRunner / CPUModelRunner (cpu_worker.py, gpu_worker.py)."""
 
     def __init__(self, vllm_config, device):
+        # The proposer, built inside vLLM's __init__ with this runner, shares the clock.
+        self.stage_clock = StageClock(torch.device(device))
         with runner_builds_proposer(DominoTreeProposer):
             super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
-        self.stage_clock = self.drafter.clock = StageClock(self.device)
         self.launch_trace = LaunchTrace()
         self._host_stats = DominoTreeStats()  # trees, leaves, steps (known on the host)
         # accepted tokens, sibling accepts, KV moves: summed on the device, read on demand
@@ -127,9 +128,10 @@ class DominoTreeRunnerMixin:
         forward_context = self.compilation_config.static_forward_context
         names = sorted(self._target_layers)
         self._target_group = next(
-            g for g, group in enumerate(kv_cache_config.kv_cache_groups)
+            g
+            for g, group in enumerate(kv_cache_config.kv_cache_groups)
             if names[0] in group.layer_names
-        )  # fmt: skip
+        )
         if self.device.type == "cuda":
             from ..kernels.kv_move import PathKVMover
 
@@ -150,10 +152,14 @@ class DominoTreeRunnerMixin:
     def read_stats(self) -> DominoTreeStats:
         accepted, siblings, moves = self._device_stats.tolist()
         host, builds = self._host_stats, self.drafter.builder.counts
-        return DominoTreeStats(host.steps, host.trees, accepted, siblings, moves,
-                               host.tree_leaves, host.full_graph_steps, host.piecewise_steps,
-                               host.eager_steps, builds.graph_builds,
-                               builds.eager_builds)  # fmt: skip
+        return replace(
+            host,
+            accepted_tokens=accepted,
+            sibling_accepts=siblings,
+            kv_moves=moves,
+            graph_builds=builds.graph_builds,
+            eager_builds=builds.eager_builds,
+        )
 
     def execute_model(self, *args, **kwargs):
         with self.stage_clock.stage("step"):
@@ -167,8 +173,9 @@ class DominoTreeRunnerMixin:
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         spec_decode_metadata = out[1]
-        self._step = self._describe_trees(scheduler_output, num_scheduled_tokens,
-                                          spec_decode_metadata)  # fmt: skip
+        self._step = self._describe_trees(
+            scheduler_output, num_scheduled_tokens, spec_decode_metadata
+        )
         self._verification.step = self._step
         if self._step is not None:
             self.positions[: self._step.num_tokens] += self._step.token_delta
@@ -225,19 +232,29 @@ class DominoTreeRunnerMixin:
             rows_per_request = np.asarray(spec_decode_metadata.num_draft_tokens) + 1
             ends = np.cumsum(rows_per_request)
             ranges = list(zip((ends - rows_per_request).tolist(), ends.tolist(), strict=True))
-            target = draw_targets(logits, step.request, ranges, batch.sampling_metadata,
-                                  self.discard_request_mask.np[:num_reqs])  # fmt: skip
+            target = draw_targets(
+                logits,
+                step.request,
+                ranges,
+                batch.sampling_metadata,
+                self.discard_request_mask.np[:num_reqs],
+            )
             last_rows = spec_decode_metadata.cu_num_sampled_tokens.long() - 1
-            accepted = accept_trees(step, target, last_rows, num_reqs,
-                                    spec_decode_metadata.max_spec_len + 1)  # fmt: skip
+            accepted = accept_trees(
+                step, target, last_rows, num_reqs, spec_decode_metadata.max_spec_len + 1
+            )
             self._device_stats += step_counters(step, accepted)
             host = self._host_stats
             host.steps += bool(step.trees)
             host.trees += len(step.trees)
             host.tree_leaves += step.leaves
             slot_mapping = self.input_batch.block_table[self._target_group].slot_mapping.gpu
-            self._kv_mover(slot_mapping, self.query_start_loc.gpu[: num_reqs + 1],
-                           accepted.path_offsets, accepted.num_accepted)  # fmt: skip
+            self._kv_mover(
+                slot_mapping,
+                self.query_start_loc.gpu[: num_reqs + 1],
+                accepted.path_offsets,
+                accepted.num_accepted,
+            )
             self._accepted = accepted
         return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=None)
 
@@ -254,16 +271,29 @@ class DominoTreeRunnerMixin:
             generators.update(hidden)
 
     # 4. commit the drafter's rows, 5. propose ------------------------------------------
-    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
-                                hidden_states, sample_hidden_states, aux_hidden_states,
-                                *args):  # fmt: skip
+    def propose_draft_token_ids(
+        self,
+        scheduler_output,
+        sampled_token_ids,
+        sampling_metadata,
+        hidden_states,
+        sample_hidden_states,
+        aux_hidden_states,
+        *args,
+    ):
         if self._accepted is not None:
-            drafter_rows_first(self._step, self._accepted, self.input_ids.gpu, self.positions,
-                               aux_hidden_states)  # fmt: skip
+            drafter_rows_first(
+                self._step, self._accepted, self.input_ids.gpu, self.positions, aux_hidden_states
+            )
         drafts = super().propose_draft_token_ids(
-            scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
-            sample_hidden_states, aux_hidden_states, *args,
-        )  # fmt: skip
+            scheduler_output,
+            sampled_token_ids,
+            sampling_metadata,
+            hidden_states,
+            sample_hidden_states,
+            aux_hidden_states,
+            *args,
+        )
         req_ids = self.input_batch.req_ids[: self.input_batch.num_reqs]
         if self._rank_check is not None:
             self._rank_check(self.drafter.last_trees)

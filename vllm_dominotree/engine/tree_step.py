@@ -75,8 +75,15 @@ def tree_rows(
     bug, and fail loudly rather than verifying a different tree than was drafted."""
     n = len(drafts)
     if tree is None or all(t < 0 for t in drafts):
-        return TreeRows(batch_index, token_row, logits_row, start, [-1, *drafts],
-                        list(range(-1, n)), list(range(n + 1)))  # fmt: skip
+        return TreeRows(
+            batch_index,
+            token_row,
+            logits_row,
+            start,
+            [-1, *drafts],
+            list(range(-1, n)),
+            list(range(n + 1)),
+        )
     num_real = min(n + 1, tree.num_nodes)
     if drafts[: num_real - 1] != tree.tokens[1:num_real]:
         raise RuntimeError(
@@ -85,9 +92,14 @@ def tree_rows(
         )
     pad = n + 1 - num_real
     return TreeRows(
-        batch_index, token_row, logits_row, start, [tree.tokens[0], *drafts],
-        tree.parents[:num_real] + [PAD_PARENT] * pad, tree.depths[:num_real] + [1] * pad,
-    )  # fmt: skip
+        batch_index,
+        token_row,
+        logits_row,
+        start,
+        [tree.tokens[0], *drafts],
+        tree.parents[:num_real] + [PAD_PARENT] * pad,
+        tree.depths[:num_real] + [1] * pad,
+    )
 
 
 def _row_bits(num_rows: int) -> np.ndarray:
@@ -162,8 +174,7 @@ class TreeStepBuffers:
         """A step without trees: every row causal, nothing to fix (graphs still read)."""
         if self._dirty:
             self._host[:, : self._dirty] = 0
-            self.device_rows[:, : self._dirty].copy_(self.host[:, : self._dirty],
-                                                     non_blocking=True)  # fmt: skip
+            self.device_rows[:, : self._dirty].copy_(self.host[:, : self._dirty], non_blocking=True)
             self._dirty = 0
 
     def publish(
@@ -213,15 +224,23 @@ class TreeStepBuffers:
         real = parents != PAD_PARENT
         d = self.device_rows
         return TreeStep(
-            trees, num_tokens, num_logits,
-            token_delta=d[_TOKEN_DELTA, :num_tokens], request=d[_REQUEST, :num_logits],
+            trees,
+            num_tokens,
+            num_logits,
+            token_delta=d[_TOKEN_DELTA, :num_tokens],
+            request=d[_REQUEST, :num_logits],
             in_tree=d[_IN_TREE, :num_logits],
-            offset=d[_OFFSET, :num_logits], ancestors=d[_ANCESTORS, :num_logits],
-            siblings_before=d[_SIBLINGS, :num_logits], token=d[_TOKEN, :num_logits],
-            token_row=d[_TOKEN_ROW, :num_logits], depth=d[_DEPTH, :num_logits],
+            offset=d[_OFFSET, :num_logits],
+            ancestors=d[_ANCESTORS, :num_logits],
+            siblings_before=d[_SIBLINGS, :num_logits],
+            token=d[_TOKEN, :num_logits],
+            token_row=d[_TOKEN_ROW, :num_logits],
+            depth=d[_DEPTH, :num_logits],
             parent_row=d[_PARENT_ROW, :num_logits],
-            width=width, leaves=int((real & ~has_child).sum()), any_fix=bool(needs_fix.any()),
-        )  # fmt: skip
+            width=width,
+            leaves=int((real & ~has_child).sum()),
+            any_fix=bool(needs_fix.any()),
+        )
 
     @property
     def token_ancestors(self) -> torch.Tensor:

@@ -99,17 +99,6 @@ class DraftTree:
     def num_nodes(self) -> int:
         return len(self.tokens)
 
-    def path(self, node: int) -> list[int]:
-        """Nodes from the root's child down to `node` (root excluded)."""
-        out = []
-        while node != ROOT:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
-
-    def ancestor_mask(self) -> torch.Tensor:
-        return ancestor_mask(self.parents)
-
 
 def ancestor_mask(parents: list[int]) -> torch.Tensor:
     """[n, n] bool for nodes in topological order (parents[i] < i, -1 for none): row i

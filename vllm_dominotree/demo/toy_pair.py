@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .drafter.checkpoint import DrafterSpec, default_target_layer_ids, write_checkpoint
-from .drafter.model import DominoHead
+from ..drafter.checkpoint import DrafterSpec, default_target_layer_ids, write_checkpoint
+from ..drafter.model import DominoHead
 
 CHARS = " abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"
 
