@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..drafter.checkpoint import DrafterSpec, default_target_layer_ids, write_checkpoint
+from ..drafter.checkpoint import drafter_config as checkpoint_drafter_config
 from ..drafter.model import DominoHead
 
 CHARS = " abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"
@@ -103,43 +104,37 @@ def drafter_config(
     shift_label: bool = True,
     explicit_layer_ids: bool = True,
 ) -> dict:
-    """A released-format drafter config.json, in any of the layouts seen in the wild."""
+    """The toy drafter's config.json: the released layout (checkpoint.drafter_config),
+    rewritten into any of the other layouts seen in the wild."""
     hidden = spec.hidden
-    dflash: dict = {"mask_token_id": spec.vocab - 1}
-    if explicit_layer_ids:
-        dflash["target_layer_ids"] = default_target_layer_ids(spec.target_layers, spec.draft_layers)
-    cfg: dict = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": spec.draft_layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": hidden // 2,
-        "vocab_size": spec.vocab,
-        "rms_norm_eps": 1e-6,
-        "num_target_layers": spec.target_layers,
-        "layer_types": ["full_attention"] * spec.draft_layers,
-        "torch_dtype": "float32",
-        "dflash_config": dflash,
-    }
+    cfg = checkpoint_drafter_config(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_layers=spec.draft_layers,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=hidden // 2,
+        vocab_size=spec.vocab,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        num_target_layers=spec.target_layers,
+        block_size=spec.block_size,
+        mask_token_id=spec.vocab - 1,
+        target_layer_ids=default_target_layer_ids(spec.target_layers, spec.draft_layers),
+        domino=domino,
+        gru_hidden_dim=hidden,
+        emb_dim=2 * hidden,
+        shift_label=shift_label,
+    )
+    dflash = cfg["dflash_config"]
     if rope_parameters:
-        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    else:
-        cfg["rope_theta"] = 10000.0
-    if block_size_in_dflash_config:
-        dflash["block_size"] = spec.block_size
-    else:
-        cfg["block_size"] = spec.block_size
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
+    if not block_size_in_dflash_config:
+        cfg["block_size"] = dflash.pop("block_size")
+    if not explicit_layer_ids:
+        del dflash["target_layer_ids"]
     if domino:
-        dflash |= {
-            "projector_type": projector_name,
-            "gru_hidden_dim": hidden,
-            "emb_dim": 2 * hidden,
-            "pure_draft_prefix_len": 1,
-            "shift_label": shift_label,
-        }
+        dflash["projector_type"] = projector_name
         cfg["emb_dim"] = 2 * hidden
     return cfg
 

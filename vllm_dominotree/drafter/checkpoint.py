@@ -359,6 +359,62 @@ def load_tensors(spec: DrafterSpec) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def drafter_config(
+    *,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    vocab_size: int,
+    rms_norm_eps: float,
+    rope_theta: float,
+    num_target_layers: int,
+    block_size: int,
+    mask_token_id: int,
+    target_layer_ids: list[int],
+    domino: bool = True,
+    gru_hidden_dim: int | None = None,
+    emb_dim: int | None = None,
+    pure_draft_prefix_len: int = 1,
+    shift_label: bool = True,
+) -> dict:
+    """A drafter's config.json in the released layout that read_spec() reads: Qwen3-style
+    layers, `rope_theta` at the top level, block size, mask token and target layer ids in
+    `dflash_config`, and (Domino) the head's fields there too."""
+    dflash: dict = {
+        "block_size": block_size,
+        "mask_token_id": mask_token_id,
+        "target_layer_ids": list(target_layer_ids),
+    }
+    if domino:
+        dflash |= {
+            "projector_type": "domino",
+            "gru_hidden_dim": gru_hidden_dim,
+            "emb_dim": emb_dim,
+            "pure_draft_prefix_len": pure_draft_prefix_len,
+            "shift_label": shift_label,
+        }
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab_size,
+        "rms_norm_eps": rms_norm_eps,
+        "rope_theta": rope_theta,
+        "num_target_layers": num_target_layers,
+        "layer_types": ["full_attention"] * num_layers,
+        "torch_dtype": "float32",
+        "dflash_config": dflash,
+    }
+
+
 def write_checkpoint(
     path: str | Path,
     config: dict,

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from ..drafter import checkpoint
 from ..drafter.checkpoint import (
     default_target_layer_ids,
     read_shards,
@@ -60,33 +61,23 @@ def drafter_config(
     """A released-format Domino config for this target (Qwen3-style drafter layers of
     the target's attention shape)."""
     t = target_config
-    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
-    return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size,
-        "num_hidden_layers": layers,
-        "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads,
-        "head_dim": head_dim,
-        "vocab_size": t.vocab_size,
-        "rms_norm_eps": t.rms_norm_eps,
-        "rope_theta": _target_rope_theta(t),
-        "num_target_layers": t.num_hidden_layers,
-        "layer_types": ["full_attention"] * layers,
-        "torch_dtype": "float32",
-        "dflash_config": {
-            "block_size": block_size,
-            "mask_token_id": mask_token_id,
-            "target_layer_ids": default_target_layer_ids(t.num_hidden_layers, target_layers),
-            "projector_type": "domino",
-            "gru_hidden_dim": gru,
-            "emb_dim": emb,
-            "pure_draft_prefix_len": 1,
-            "shift_label": True,
-        },
-    }
+    return checkpoint.drafter_config(
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_layers=layers,
+        num_heads=t.num_attention_heads,
+        num_kv_heads=t.num_key_value_heads,
+        head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+        vocab_size=t.vocab_size,
+        rms_norm_eps=t.rms_norm_eps,
+        rope_theta=_target_rope_theta(t),
+        num_target_layers=t.num_hidden_layers,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        target_layer_ids=default_target_layer_ids(t.num_hidden_layers, target_layers),
+        gru_hidden_dim=gru,
+        emb_dim=emb,
+    )
 
 
 def initial_tensors(config: dict, target, generator: torch.Generator) -> dict[str, torch.Tensor]:
