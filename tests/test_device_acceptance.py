@@ -10,7 +10,7 @@ import torch
 from vllm_dominotree.engine.acceptance import accept_trees, step_counters
 from vllm_dominotree.engine.commit import drafter_rows_first, moved_rows
 from vllm_dominotree.engine.tree_step import PAD_PARENT, TreeRows, TreeStepBuffers, tree_bits
-from vllm_dominotree.tree.acceptance import accept
+from vllm_dominotree.tree.acceptance import accept, sibling_accepts
 from vllm_dominotree.tree.builder import DraftTree
 
 
@@ -81,7 +81,7 @@ def test_batched_acceptance_equals_the_host_walk(seed):
         assert got.path_offsets[r, : len(path)].tolist() == path
         assert int(got.num_accepted[r]) == len(path)
         accepted += len(path)
-        siblings += sum(tree.children[tree.parents[n]][0] != n for n in path)
+        siblings += sibling_accepts(tree, path)
         moves += path != list(range(1, len(path) + 1))
     assert step_counters(step, got).tolist() == [accepted, siblings, moves]
 

@@ -25,7 +25,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .config import DominoTreeConfig
 from .drafter.checkpoint import check_fits_target
 from .drafter.model import Drafter
-from .tree.acceptance import SamplingParams, accept, draw_target_tokens
+from .tree.acceptance import SamplingParams, accept, draw_target_tokens, sibling_accepts
 from .tree.builder import ancestor_mask, build_trees
 from .tree.scorers import make_scorer
 
@@ -190,7 +190,7 @@ class ReferenceDecoder:
             )
         result.tokens.extend([tree.tokens[n] for n in path] + [bonus])
         result.accept_lengths.append(len(path) + 1)
-        result.sibling_accepts += sum(tree.children[tree.parents[n]][0] != n for n in path)
+        result.sibling_accepts += sibling_accepts(tree, path)
         context.append(
             self.drafter.backbone.context_kv(
                 self._features(out.hidden_states, keep),

@@ -89,3 +89,9 @@ def accept(tree: DraftTree, target_tokens: list[int]) -> tuple[list[int], int]:
             return path, token
         path.append(child)
         node = child
+
+
+def sibling_accepts(tree: DraftTree, path: list[int]) -> int:
+    """Accepted nodes that were not their parent's first child: the branches a chain
+    could not have taken (the engine counts them on the device from sibling bits)."""
+    return sum(tree.children[tree.parents[n]][0] != n for n in path)
