@@ -112,17 +112,6 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-def chain_tree(anchor: int, drafts: list[int], logprobs: list[float]) -> DraftTree:
-    """A path: the anchor, then each draft the child of the one before (scores
-    cumulative, as the builder's)."""
-    tree = DraftTree.root(anchor)
-    score = 0.0
-    for depth, (token, logprob) in enumerate(zip(drafts, logprobs, strict=True)):
-        score += logprob
-        tree.add(token, depth, score)
-    return tree
-
-
 def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[DraftTree]:
     """Grow one best-first tree per request. anchors: the last verified token of each."""
     trees = [DraftTree.root(a) for a in anchors]

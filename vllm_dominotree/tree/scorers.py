@@ -189,15 +189,13 @@ class ConditionalScorer:
     @torch.no_grad()
     def expand(self, items: list[Expansion]) -> list[Children]:
         """The host heap's call: request r's node on row r of `step_rows` rows."""
-        p = self.step_rows
-        rows = torch.zeros(5, p, dtype=torch.long)
-        rows[1], rows[2] = self.scratch_slot, self.zero_slot
-        rows[0] = torch.arange(p)
+        # Rows without a node compute into the scratch slot from the zero state.
+        rows = [[r, self.scratch_slot, self.zero_slot, 0, 0] for r in range(self.step_rows)]
         for i in items:
-            rows[1:, i.request] = torch.tensor(
-                [i.node, i.parent if i.parent >= 0 else self.zero_slot, i.token, i.depth]
-            )
-        values, tokens = self.children(*rows.to(self.device))
+            parent = i.parent if i.parent >= 0 else self.zero_slot
+            rows[i.request] = [i.request, i.node, parent, i.token, i.depth]
+        columns = torch.tensor(rows, dtype=torch.long).T.contiguous()  # [5, p]
+        values, tokens = self.children(*columns.to(self.device))
         values, tokens = values.tolist(), tokens.tolist()
         return [Children(tokens[i.request], values[i.request]) for i in items]
 
