@@ -12,10 +12,11 @@ drafter accepts next to nothing, so every round commits about one token. Per met
 batch size, after a warm-up batch: ms per round = the batch's decode time (first to last
 token) / rounds, where rounds come from vLLM's spec-decode counters (AR: tokens - 1).
 For the plugin's methods a second pass with the stage clock on (engine/profiling.py)
-splits a round into verify (target forward), accept, draft (drafter backbone), build
-(trees) and the rest (the stage clock's syncs make that pass slower; its split, not its
-total, is what it is for), and a third pass traces the worker's CUDA API calls
-(profiling.LaunchTrace): graph replays, eager kernel launches and host waits per step.
+splits a round into prepare (the step's trees described), verify (target forward),
+accept, draft (drafter backbone), build (trees) and the rest (the stage clock's syncs
+make that pass slower; its split, not its total, is what it is for), and a third pass
+traces the worker's CUDA API calls (profiling.LaunchTrace): graph replays, eager kernel
+launches, host waits and the host's milliseconds inside each stage per step.
 The projection multiplies the paper's accept lengths (Qwen3-4B, 8 sets) by AR's step
 time over each method's round time: a projection, not a measurement.
 
@@ -215,6 +216,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                     k: trace[k] / steps
                     for k in ("graph_launches", "kernel_launches", "host_waits", "memcpy_async")
                 }
+                row["host_ms_per_step"] = {k: v / steps for k, v in trace["host_ms"].items()}
                 row["trace_calls"] = trace["calls"]
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
             rows.append(row)
@@ -241,13 +243,15 @@ def report(rows: list[dict], args) -> None:
         split = r.get("profiled_ms", {})
         cells = [
             f"{split[k]:.2f}" if k in split else "-"
-            for k in ("verify", "accept", "draft", "build", "rest")
+            for k in ("prepare", "verify", "accept", "draft", "build", "rest")
         ]
         step = r.get("per_step", {})
         cells += [
             f"{step[k]:.1f}" if k in step else "-"
             for k in ("graph_launches", "kernel_launches", "host_waits")
         ]
+        host = r.get("host_ms_per_step", {})
+        cells.append(", ".join(f"{k} {v:.2f}" for k, v in sorted(host.items())) or "-")
         ratio = r["ms_per_round"] / dflash[r["batch"]] if r["batch"] in dflash else None
         cells.append(f"{ratio:.2f}x" if ratio else "-")
         proj = r.get("projection")
@@ -264,6 +268,7 @@ def report(rows: list[dict], args) -> None:
         "method",
         "batch",
         "ms/round",
+        "prepare",
         "verify",
         "accept",
         "draft",
@@ -272,6 +277,7 @@ def report(rows: list[dict], args) -> None:
         "graphs/step",
         "eager launches/step",
         "host waits/step",
+        "host ms/step by stage (traced)",
         "vs dflash",
         "projected speedup (paper tau)",
     ]

@@ -32,6 +32,12 @@ MAX_SPLITS = 16
 
 
 @triton.jit
+def _split_keys(seq_len, num_splits, KEY_TILE: tl.constexpr):
+    """Keys per split (whole tiles); splits past the context's end hold none."""
+    return tl.cdiv(tl.cdiv(seq_len, num_splits), KEY_TILE) * KEY_TILE
+
+
+@triton.jit
 def _tree_rows_attention(
     Q,
     K,
@@ -87,6 +93,10 @@ def _tree_rows_attention(
         return
     m_ok = row_ok & (group_head < GROUP)
     seq_len = tl.load(SeqLens + req)
+    chunk = _split_keys(seq_len, num_splits, KEY_TILE)
+    first_key = split * chunk
+    if first_key >= seq_len:  # an empty split: the merge does not read it
+        return
     start = seq_len - num_rows  # position of the request's first row (its tree's root)
     head = kv_head * GROUP + group_head
     dims = tl.arange(0, HEAD_DIM)
@@ -100,8 +110,6 @@ def _tree_rows_attention(
     best = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
     total = tl.zeros([ROWS * GROUP_PAD], tl.float32)
     acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), KEY_TILE) * KEY_TILE
-    first_key = split * chunk
     last_key = tl.minimum(first_key + chunk, seq_len)
     offsets = tl.arange(0, KEY_TILE)
     for tile in range(first_key, last_key, KEY_TILE):
@@ -138,7 +146,7 @@ def _tree_rows_attention(
             out.to(Out.dtype.element_ty),
             mask=write[:, None],
         )
-    else:  # an empty split stores (-inf, 0, 0), which the merge weighs as nothing
+    else:  # a row that saw no key of this split stores (-inf, 0, 0): weighed as nothing
         tl.store(
             PartAcc
             + split * stride_ps
@@ -161,6 +169,8 @@ def _merge_splits(
     PartAcc,
     PartMax,
     PartSum,
+    QueryStart,
+    SeqLens,
     NeedsFix,
     Out,
     stride_ps,
@@ -172,24 +182,45 @@ def _merge_splits(
     stride_oh,
     num_splits,
     HEAD_DIM: tl.constexpr,
+    ROWS: tl.constexpr,
+    KEY_TILE: tl.constexpr,
 ):
-    """Log-sum-exp merge of one fixed row's key splits, for one head."""
-    row = tl.program_id(0)
+    """Log-sum-exp merge of one request's fixed rows for one head, over the splits that
+    held keys (a short context fills few of them)."""
+    req = tl.program_id(0)
     head = tl.program_id(1)
-    if tl.load(NeedsFix + row) == 0:
+    first_row = tl.load(QueryStart + req)
+    offsets = tl.arange(0, ROWS)
+    row = first_row + offsets
+    num_rows = tl.load(QueryStart + req + 1) - first_row
+    fix = tl.load(NeedsFix + row, mask=offsets < num_rows, other=0) != 0
+    if tl.max(fix.to(tl.int32), axis=0) == 0:
         return
+    seq_len = tl.load(SeqLens + req)
+    used = tl.cdiv(seq_len, _split_keys(seq_len, num_splits, KEY_TILE))
     dims = tl.arange(0, HEAD_DIM)
-    best = float("-inf")
-    for s in range(0, num_splits):
-        best = tl.maximum(best, tl.load(PartMax + s * stride_ms + row * stride_mt + head))
-    total = 0.0
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    for s in range(0, num_splits):
-        weight = tl.exp(tl.load(PartMax + s * stride_ms + row * stride_mt + head) - best)
-        total += weight * tl.load(PartSum + s * stride_ms + row * stride_mt + head)
-        acc += weight * tl.load(PartAcc + s * stride_ps + row * stride_pt + head * stride_ph + dims)
+    stat = row * stride_mt + head
+    best = tl.full([ROWS], float("-inf"), tl.float32)
+    for s in range(0, used):
+        part = tl.load(PartMax + s * stride_ms + stat, mask=fix, other=float("-inf"))
+        best = tl.maximum(best, part)
+    best = tl.where(fix, best, 0.0)  # every fixed row saw its root: best is finite
+    total = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    for s in range(0, used):
+        weight = tl.exp(tl.load(PartMax + s * stride_ms + stat, mask=fix, other=float("-inf")) - best)
+        total += weight * tl.load(PartSum + s * stride_ms + stat, mask=fix, other=0.0)
+        part = tl.load(
+            PartAcc + s * stride_ps + row[:, None] * stride_pt + head * stride_ph + dims[None, :],
+            mask=fix[:, None],
+            other=0.0,
+        )
+        acc += weight[:, None] * part
+    total = tl.where(fix, total, 1.0)
     tl.store(
-        Out + row * stride_ot + head * stride_oh + dims, (acc / total).to(Out.dtype.element_ty)
+        Out + row[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        (acc / total[:, None]).to(Out.dtype.element_ty),
+        mask=fix[:, None],
     )
 
 
@@ -231,6 +262,7 @@ class TreeAttention:
         num_reqs = seq_lens.shape[0]
         kv_heads, page = key_cache.shape[2], key_cache.shape[1]
         group = heads // kv_heads
+        group_pad = triton.next_power_of_2(group)
         splits = num_splits_for(num_reqs, kv_heads, num_tokens, self.capacity_rows)
         direct = splits == 1
         view = (splits, 0 if direct else num_tokens)  # the direct path writes no partials
@@ -270,7 +302,7 @@ class TreeAttention:
             scale,
             splits,
             GROUP=group,
-            GROUP_PAD=max(triton.next_power_of_2(group), 1),
+            GROUP_PAD=group_pad,
             HEAD_DIM=head_dim,
             PAGE=page,
             ROWS=self.rows_per_tree,
@@ -278,13 +310,18 @@ class TreeAttention:
             DIRECT=direct,
             # float32 models compare bit for bit with the stock kernels: no TF32.
             PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            # A [rows x group, head dim] float32 accumulator: 8 warps keep a 128 x 128
+            # one in registers (4 spill it).
+            num_warps=8 if self.rows_per_tree * group_pad * head_dim >= 128 * 128 else 4,
         )
         if direct:
             return
-        _merge_splits[(num_tokens, heads)](
+        _merge_splits[(num_reqs, heads)](
             part_acc,
             part_max,
             part_sum,
+            query_start,
+            seq_lens,
             needs_fix,
             out,
             part_acc.stride(0),
@@ -296,6 +333,8 @@ class TreeAttention:
             out.stride(1),
             splits,
             HEAD_DIM=head_dim,
+            ROWS=self.rows_per_tree,
+            KEY_TILE=KEY_TILE,
         )
 
 

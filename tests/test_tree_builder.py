@@ -12,6 +12,7 @@ from vllm_dominotree.demo.toy_pair import PairSpec, drafter_config, drafter_tens
 from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.drafter.checkpoint import write_checkpoint
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
+from vllm_dominotree.tree.scorers import top_by_rank
 
 V, K = 40, 5
 
@@ -254,3 +255,14 @@ def test_device_builder_ties_pop_in_push_order(head):
     # Depth 2's offers all score 2 log(1/V): node 1's first child was pushed first, then
     # node 2's, node 3's, then node 1's second child (pushed when its first was popped).
     assert host[0].parents[:8] == [-1, 0, 0, 0, 1, 2, 3, 1]
+
+
+def test_top_by_rank_is_topk_with_ties_in_index_order():
+    gen = torch.Generator().manual_seed(4)
+    values = torch.randn(6, 64, generator=gen)
+    got_values, got_index = top_by_rank(values, 16)
+    want = values.topk(16, dim=-1)
+    assert torch.equal(got_values, want.values) and torch.equal(got_index, want.indices)
+    tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0]])
+    values, index = top_by_rank(tied, 4)
+    assert index.tolist() == [[1, 2, 4, 5]] and values.tolist() == [[3.0, 3.0, 3.0, 2.0]]

@@ -55,10 +55,25 @@ def test_stage_profile_splits_the_step(conditional, expected):
         seconds = tree_stats(conditional)["stage_seconds"]
     finally:
         conditional.collective_rpc("dominotree_profile", args=(False,))
-    parts = ("verify", "accept", "draft", "build")
+    parts = ("prepare", "verify", "accept", "draft", "build")
     assert all(seconds[name] > 0 for name in (*parts, "step")), seconds
     assert sum(seconds[name] for name in parts) < seconds["step"]
     assert tree_stats(conditional)["stage_seconds"] == {}  # off again, and reset
+
+
+def test_trace_gives_the_hosts_time_per_stage(conditional, expected):
+    """While tracing, the stages are profiler ranges: the host's milliseconds inside
+    each come back with the trace, inside the step's, and tracing changes no output."""
+    conditional.collective_rpc("dominotree_trace", args=(True,))
+    try:
+        assert greedy(conditional, max_tokens=24) == [e[:24] for e in expected]
+    finally:
+        trace = conditional.collective_rpc("dominotree_trace", args=(False,))[0]
+    host = trace["host_ms"]
+    parts = ("prepare", "verify", "accept", "draft", "build")
+    assert trace["steps"] > 0
+    assert all(host[name] > 0 for name in (*parts, "step")), host
+    assert sum(host[name] for name in parts) < host["step"]
 
 
 def test_other_scorers_are_lossless(other_scorer, expected):

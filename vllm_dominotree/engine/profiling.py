@@ -8,7 +8,8 @@ itself slower: measure a round's cost with the clock off and its split with it o
 LaunchTrace: `llm.collective_rpc("dominotree_trace", args=(True,))`, run requests, then
 `args=(False,)` returns what the worker's host asked of the GPU meanwhile (torch's
 profiler over CUDA's runtime and driver API): CUDA graph replays, kernels launched
-outside graphs, and calls that block the host until the device catches up.
+outside graphs, calls that block the host until the device catches up, and the host's
+milliseconds inside each stage (the stages are profiler ranges while tracing).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class StageClock:
     def __init__(self, device: torch.device):
         self.device = device
         self.enabled = False
+        # While a LaunchTrace runs, every stage is also a profiler range
+        # ("dominotree.<stage>"), so the trace tells the host's time per stage (no syncs).
+        self.labels = False
         self.seconds: dict[str, float] = defaultdict(float)
 
     def _sync(self) -> None:
@@ -33,6 +37,15 @@ class StageClock:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        if self.labels:
+            with torch.profiler.record_function(f"{LABEL_PREFIX}{name}"), self._timed(name):
+                yield
+        else:
+            with self._timed(name):
+                yield
+
+    @contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
         if not self.enabled:
             yield
             return
@@ -48,6 +61,8 @@ class StageClock:
         self.enabled = enabled
         self.seconds = defaultdict(float)
 
+
+LABEL_PREFIX = "dominotree."
 
 # CUDA API calls by what they mean for the host.
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
@@ -90,6 +105,11 @@ class LaunchTrace:
                 calls[event.name] += 1
 
         averages = profiler.key_averages()
+        host_ms = {  # the host's time inside each stage (StageClock.labels)
+            a.key[len(LABEL_PREFIX) :]: a.cpu_time_total / 1e3
+            for a in averages
+            if a.key.startswith(LABEL_PREFIX)
+        }
 
         def total(names):
             return sum(calls.get(n, 0) for n in names)
@@ -99,6 +119,7 @@ class LaunchTrace:
             "kernel_launches": total(KERNEL_LAUNCHES),
             "host_waits": total(HOST_WAITS),
             "memcpy_async": calls.get("cudaMemcpyAsync", 0),
+            "host_ms": host_ms,
             "calls": dict(calls),
             "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
             "kernels": averages.table(sort_by="self_cuda_time_total", row_limit=40),

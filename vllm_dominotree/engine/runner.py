@@ -86,7 +86,9 @@ class DominoTreeWorkerMixin:
         if enabled:
             self._trace_steps = runner.read_stats().steps
             runner.launch_trace.start()
+            runner.stage_clock.labels = True
             return None
+        runner.stage_clock.labels = False
         counts = runner.launch_trace.stop()
         return counts | {"steps": runner.read_stats().steps - self._trace_steps}
 
@@ -173,9 +175,10 @@ class DominoTreeRunnerMixin:
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         spec_decode_metadata = out[1]
-        self._step = self._describe_trees(
-            scheduler_output, num_scheduled_tokens, spec_decode_metadata
-        )
+        with self.stage_clock.stage("prepare"):
+            self._step = self._describe_trees(
+                scheduler_output, num_scheduled_tokens, spec_decode_metadata
+            )
         self._verification.step = self._step
         if self._step is not None:
             self.positions[: self._step.num_tokens] += self._step.token_delta

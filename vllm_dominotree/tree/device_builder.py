@@ -79,7 +79,7 @@ class DeviceTreeBuilder:
         self.counts = BuildCounts()
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
-        self._pop = compiled(self._pop_rows, device)
+        self._advance = compiled(self._advance_rows, device)
 
     @torch.no_grad()
     def build(self, anchors: torch.Tensor) -> list[DraftTree]:
@@ -144,12 +144,21 @@ class DeviceTreeBuilder:
         self.push_seq[:p] = 0
         self.count[:p] = 1
         self.spine_tip[:p] = 0 if self.shape.spine else -1
-        zeros = torch.zeros_like(anchors)
-        root_parent = torch.full_like(anchors, self.scorer.zero_slot)
-        every = torch.ones_like(anchors, dtype=torch.bool)
-        self._expand(rows, zeros, root_parent, anchors, zeros, every, self.seqs[0])
-        for t in range(self.shape.budget):
-            node, parent, token, depth, expand = self._pop(
+        # The root is the first new node; each iteration asks the scorer for the last new
+        # node's children, files them in the frontier, and pops the next node.
+        node = torch.zeros_like(anchors)
+        parent = torch.full_like(anchors, self.scorer.zero_slot)
+        token, depth = anchors, node
+        expand = torch.ones_like(anchors, dtype=torch.bool)
+        for t in range(self.shape.budget):  # the last pop fills the tree: no children after
+            logprobs, tokens = self.scorer.children(
+                rows,
+                torch.where(expand, node, self.scorer.scratch_slot),
+                parent,
+                token,
+                torch.where(expand, depth, 0),
+            )
+            node, parent, token, depth, expand = self._advance(
                 self.tokens[:p],
                 self.parents[:p],
                 self.depths[:p],
@@ -160,27 +169,60 @@ class DeviceTreeBuilder:
                 self.push_seq[:p],
                 self.count[:p],
                 self.spine_tip[:p],
-                self.seqs[1 + 2 * t],
+                node,
+                expand,
+                logprobs,
+                tokens,
+                self.seqs[2 * t],
+                self.seqs[2 * t + 1],
             )
-            if t + 1 < self.shape.budget:  # the last pop fills the tree: no children needed
-                self._expand(rows, node, parent, token, depth, expand, self.seqs[2 + 2 * t])
         out, s = self.trees[:p], self.slots
         out[:, 0], out[:, 1] = self.tokens[:p, :s], self.parents[:p, :s]
         out[:, 2], out[:, 3] = self.depths[:p, :s], self.scores[:p, :s]
 
-    def _expand(self, rows, node, parent, token, depth, expand, seq) -> None:
-        """The scorer's children for every row's new node; rows with `expand` False
-        compute into the scratch slots."""
-        state_slot = torch.where(expand, node, self.scorer.scratch_slot)
-        logprobs, tokens = self.scorer.children(
-            rows, state_slot, parent, token, torch.where(expand, depth, 0)
+    def _advance_rows(
+        self,
+        tokens,
+        parents,
+        depths,
+        scores,
+        child_logprobs,
+        child_tokens,
+        next_rank,
+        push_seq,
+        count,
+        spine_tip,
+        new_node,
+        new_expanded,
+        new_logprobs,
+        new_tokens,
+        record_seq,
+        pop_seq,
+    ):
+        """File the children of every row's last new node ([p] slots; rows with
+        `new_expanded` False file into the scratch slot), then pop once per row
+        ([p, slots + 1] tables, updated in place) -> the popped node's slot, parent,
+        token, depth, and whether it needs children."""
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        slot = torch.where(new_expanded, new_node, self.slots)
+        child_logprobs[rows, slot] = new_logprobs
+        child_tokens[rows, slot] = new_tokens
+        owed = spine_tip == new_node  # the spine's next node: popped without a push
+        next_rank[rows, slot] = torch.where(owed, self.scorer.max_children, 0)
+        push_seq[rows, slot] = record_seq
+        return self._pop_rows(
+            tokens,
+            parents,
+            depths,
+            scores,
+            child_logprobs,
+            child_tokens,
+            next_rank,
+            push_seq,
+            count,
+            spine_tip,
+            pop_seq,
         )
-        slot = torch.where(expand, node, self.slots)
-        self.child_logprobs[rows, slot] = logprobs
-        self.child_tokens[rows, slot] = tokens
-        owed = self.spine_tip[rows] == node  # the spine's next node: popped without a push
-        self.next_rank[rows, slot] = torch.where(owed, self.scorer.max_children, 0)
-        self.push_seq[rows, slot] = seq
 
     def _pop_rows(
         self,

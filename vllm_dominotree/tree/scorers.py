@@ -45,6 +45,24 @@ def compiled(fn, device: torch.device):
     return torch.compile(fn, fullgraph=True, dynamic=True) if device.type == "cuda" else fn
 
 
+RANKED_WIDTH = 256  # candidate widths whose top-C is taken by counting ranks
+
+
+def top_by_rank(values: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `count` largest of values [p, M] and their indices [p, count], best first,
+    equal values in index order. For the small M of a top-M restriction: M x M
+    comparisons and a one-hot pick, which Inductor fuses into a couple of kernels inside
+    the builder's graph, where torch.topk launches a selection and a sort per pop."""
+    m = values.shape[-1]
+    index = torch.arange(m, device=values.device)
+    a, b = values[:, :, None], values[:, None, :]  # [p, i, j]: does j rank above i?
+    above = (b > a) | ((b == a) & (index[None, None, :] < index[None, :, None]))
+    rank = above.sum(-1)  # [p, M], a permutation of 0..M-1 per row
+    slots = torch.arange(count, device=values.device)
+    picked = ((rank[:, None, :] == slots[None, :, None]) * index).sum(-1)  # [p, count]
+    return values.gather(1, picked), picked
+
+
 def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     """log sum exp over the last dimension, in float32. [..., V] -> [...]"""
     return torch.logsumexp(logits.float(), dim=-1)
@@ -179,12 +197,16 @@ class ConditionalScorer:
         """The corrected log-probs of a node's candidates, their top `count`."""
         u = F.silu(self.hid_part[req, depth] + state @ self.w_state.T)  # [p, E]
         if self.restricted:
-            corr = torch.bmm(self.proj_rows[req, depth], u[:, :, None])[:, :, 0]  # [p, M]
+            # A product and a float32 sum over E, which Inductor fuses with the gather of
+            # the candidates' rows (a bmm would copy them out first). [p, M]
+            corr = (self.proj_rows[req, depth].float() * u.float()[:, None, :]).sum(-1)
         else:
-            corr = u @ self.head.proj_out.T  # [p, V]
+            corr = (u @ self.head.proj_out.T).float()  # [p, V]
         corrected = (depth >= self.prefix_len)[:, None]
-        logits = self.base[req, depth] + corr * corrected
-        return torch.log_softmax(logits.float(), dim=-1).topk(count, dim=-1)
+        logprobs = torch.log_softmax(self.base[req, depth].float() + corr * corrected, dim=-1)
+        if self.width <= RANKED_WIDTH:
+            return top_by_rank(logprobs, count)
+        return logprobs.topk(count, dim=-1)
 
     @torch.no_grad()
     def expand(self, items: list[Expansion]) -> list[Children]:
