@@ -216,7 +216,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                     k: trace[k] / steps
                     for k in ("graph_launches", "kernel_launches", "host_waits", "memcpy_async")
                 }
-                row["host_ms_per_step"] = {k: v / steps for k, v in trace["host_ms"].items()}
+                row["host_ms_per_step"] = {
+                    k: v / steps for k, v in trace.get("host_ms", {}).items()
+                }
                 row["trace_calls"] = trace["calls"]
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
             rows.append(row)

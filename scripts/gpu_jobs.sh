@@ -3,10 +3,13 @@
 # shipped files are in place (scripts/device_unpack.sh) and vLLM is staged:
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
-#   tests             python3 -m pytest tests/gpu (with SmolLM2 if shipped) -> $OUT/gpu_tests.log
+#   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
+#                     if shipped), durations listed -> $OUT/gpu_tests.log
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/
 #   round-cost-before [ARGS]  the same on the earlier code in .before/ (scripts/
 #                     before_tree.sh REV, carried) -> $OUT/round_cost_before/
+#   before CMD [ARGS] any command (a benchmark) with the earlier code of .before/ in place
+#                     of this package
 #   train MINUTES     one training chunk of the SmolLM2 drafter, resumed from
 #                     artifacts/smollm2-run (shipped) or /tmp/w/run (earlier chunk on
 #                     this machine); the run comes back as $OUT/run.tar.* pieces
@@ -43,25 +46,38 @@ smollm2_target() {
     --gguf /tmp/smollm2.gguf
 }
 
+# The earlier package of .before/ (scripts/before_tree.sh REV), installed once per machine;
+# it goes in place of this one on PYTHONPATH (not beside it: one plugin entry point).
+before_path() {
+  [ -f .before/REVISION ] || { echo "no .before/: run scripts/before_tree.sh REV and carry it" >&2; exit 2; }
+  local before=/tmp/vproj_before_$(cat .before/REVISION)
+  [ -d "$before" ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+    --no-compile --target "$before" .before >&2
+  echo "$before:/tmp/vllm032:/tmp/vsite:/tmp/site-data"
+}
+
 case $job in
   tests)
     # The SmolLM2 half of the bf16 divergence test needs the converted target.
     if [ -f artifacts/smollm2.gguf.xz ]; then smollm2_target; export DOMINOTREE_SMOLLM2=$work/target; fi
-    python3 -m pytest tests/gpu -q -rs -s 2>&1 | grep -v " WARNING " | tee "$OUT/gpu_tests.log"
+    files=("$@")
+    [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_tree_attention_kernel.py
+      tests/gpu/test_device_builder.py tests/gpu/test_engine_gpu.py
+      tests/gpu/test_bf16_divergence.py)
+    python3 -m pytest "${files[@]}" -q -rs -s --durations=0 2>&1 | grep -v " WARNING " |
+      tee -a "$OUT/gpu_tests.log"
     ;;
   round-cost)
     python3 benchmarks/round_cost_bench.py --out "$OUT/round_cost" --models /tmp/rc_models "$@" \
       2>&1 | grep -v " WARNING " | tee "$OUT/round_cost.log"
     ;;
   round-cost-before)
-    [ -f .before/REVISION ] || { echo "no .before/: run scripts/before_tree.sh REV and carry it" >&2; exit 2; }
-    before=/tmp/vproj_before_$(cat .before/REVISION)
-    [ -d "$before" ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-      --no-compile --target "$before" .before
-    # The earlier package in place of this one (not beside it: one plugin entry point).
-    PYTHONPATH=$before:/tmp/vllm032:/tmp/vsite python3 benchmarks/round_cost_bench.py \
+    PYTHONPATH=$(before_path) python3 benchmarks/round_cost_bench.py \
       --out "$OUT/round_cost_before" --models /tmp/rc_models "$@" 2>&1 | grep -v " WARNING " |
       tee "$OUT/round_cost_before.log"
+    ;;
+  before)
+    PYTHONPATH=$(before_path) "$@"
     ;;
   train)
     smollm2_target
@@ -84,7 +100,7 @@ case $job in
     xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
     ;;
   *)
-    echo "unknown job '$job': tests, round-cost, round-cost-before, train MINUTES, harness, data" >&2
+    echo "unknown job '$job': tests, round-cost, round-cost-before, before, train MINUTES, harness, data" >&2
     exit 2
     ;;
 esac
