@@ -208,7 +208,9 @@ def _merge_splits(
     total = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
     for s in range(0, used):
-        weight = tl.exp(tl.load(PartMax + s * stride_ms + stat, mask=fix, other=float("-inf")) - best)
+        weight = tl.exp(
+            tl.load(PartMax + s * stride_ms + stat, mask=fix, other=float("-inf")) - best
+        )
         total += weight * tl.load(PartSum + s * stride_ms + stat, mask=fix, other=0.0)
         part = tl.load(
             PartAcc + s * stride_ps + row[:, None] * stride_pt + head * stride_ph + dims[None, :],

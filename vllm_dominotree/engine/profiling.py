@@ -105,11 +105,14 @@ class LaunchTrace:
                 calls[event.name] += 1
 
         averages = profiler.key_averages()
-        host_ms = {  # the host's time inside each stage (StageClock.labels)
-            a.key[len(LABEL_PREFIX) :]: a.cpu_time_total / 1e3
-            for a in averages
-            if a.key.startswith(LABEL_PREFIX)
-        }
+        # The host's time inside each stage (StageClock.labels). The profiler lists every
+        # range twice, as the host ran it and as projected on the device's timeline (no
+        # host time): keep the host's.
+        host_ms: dict[str, float] = defaultdict(float)
+        for a in averages:
+            if a.key.startswith(LABEL_PREFIX):
+                name = a.key[len(LABEL_PREFIX) :]
+                host_ms[name] = max(host_ms[name], a.cpu_time_total / 1e3)
 
         def total(names):
             return sum(calls.get(n, 0) for n in names)
@@ -119,7 +122,7 @@ class LaunchTrace:
             "kernel_launches": total(KERNEL_LAUNCHES),
             "host_waits": total(HOST_WAITS),
             "memcpy_async": calls.get("cudaMemcpyAsync", 0),
-            "host_ms": host_ms,
+            "host_ms": dict(host_ms),
             "calls": dict(calls),
             "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
             "kernels": averages.table(sort_by="self_cuda_time_total", row_limit=40),
