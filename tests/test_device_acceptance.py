@@ -53,11 +53,15 @@ def random_step(seed: int, vocab: int = 3):
         logits_requests += [r] * t.num_rows
         token_row += t.num_rows
         logits_row += t.num_rows
+    ends = np.cumsum(np.bincount(logits_requests, minlength=7))
+    starts = np.concatenate([[0], ends[:-1]])
     step = TreeStepBuffers(128, torch.device("cpu")).publish(
-        trees, token_row, np.array(logits_requests)
+        trees,
+        token_row,
+        np.array(logits_requests),
+        list(zip(starts.tolist(), ends.tolist(), strict=True)),
     )
     target = torch.randint(vocab, (logits_row,), generator=gen)
-    ends = np.cumsum(np.bincount(logits_requests, minlength=7))
     query_start = torch.tensor([*query_start, token_row])  # as vLLM's metadata holds it
     return step, host, target, torch.from_numpy(ends - 1), query_start
 

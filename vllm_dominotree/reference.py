@@ -16,7 +16,6 @@ but the anchor (the last verified token):
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +24,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .config import DominoTreeConfig
 from .drafter.checkpoint import check_fits_target
 from .drafter.model import Drafter
+from .stage_clock import StageClock
 from .tree.acceptance import SamplingParams, accept, draw_target_tokens, sibling_accepts
 from .tree.builder import ancestor_mask, build_trees
 from .tree.scorers import make_scorer
@@ -49,21 +49,6 @@ class DecodeResult:
     @property
     def mean_accept_length(self) -> float:
         return sum(self.accept_lengths) / max(1, self.rounds)
-
-
-class _Clock:
-    def __init__(self, device: torch.device):
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.last = self.now()
-
-    def now(self) -> float:
-        self.sync()
-        return time.perf_counter()
-
-    def lap(self) -> float:
-        now = self.now()
-        elapsed, self.last = now - self.last, now
-        return elapsed
 
 
 class ReferenceDecoder:
@@ -118,33 +103,39 @@ class ReferenceDecoder:
         sampling = sampling or SamplingParams()
         result = DecodeResult(self.mode, [])
         generator = sampling.make_generator(self.device)
-        clock = _Clock(self.device)
+        clock = StageClock(self.device)
+        clock.reset(enabled=True)
         cache = DynamicCache(config=self.target.config)
-        ids = torch.tensor([prompt], device=self.device)
-        out = self.target(ids, past_key_values=cache, output_hidden_states=self.drafter is not None)
-        first = int(draw_target_tokens(out.logits[0, -1:], sampling, generator)[0])
-        result.tokens.append(first)
-        if self.drafter is not None:
-            context = self.drafter.backbone.context_kv(
-                self._features(out.hidden_states, slice(None)),
-                torch.arange(len(prompt), device=self.device),
+        with clock.stage("prefill"):
+            ids = torch.tensor([prompt], device=self.device)
+            out = self.target(
+                ids, past_key_values=cache, output_hidden_states=self.drafter is not None
             )
-        result.prefill_seconds = clock.lap()
-        decode_start = clock.last
+            first = int(draw_target_tokens(out.logits[0, -1:], sampling, generator)[0])
+            result.tokens.append(first)
+            if self.drafter is not None:
+                context = self.drafter.backbone.context_kv(
+                    self._features(out.hidden_states, slice(None)),
+                    torch.arange(len(prompt), device=self.device),
+                )
 
         def done() -> bool:
             return len(result.tokens) >= max_new_tokens or result.tokens[-1] in stop_token_ids
 
-        while not done():
-            if self.drafter is None:
-                out = self.target(
-                    torch.tensor([[result.tokens[-1]]], device=self.device), past_key_values=cache
-                )
-                result.tokens.append(int(draw_target_tokens(out.logits[0], sampling, generator)[0]))
-                result.accept_lengths.append(1)
-                continue
-            self._round(result, cache, context, sampling, generator, clock)
-        result.decode_seconds = clock.now() - decode_start
+        with clock.stage("decode"):
+            while not done():
+                if self.drafter is None:
+                    token = torch.tensor([[result.tokens[-1]]], device=self.device)
+                    out = self.target(token, past_key_values=cache)
+                    result.tokens.append(
+                        int(draw_target_tokens(out.logits[0], sampling, generator)[0])
+                    )
+                    result.accept_lengths.append(1)
+                    continue
+                self._round(result, cache, context, sampling, generator, clock)
+        result.prefill_seconds = clock.seconds["prefill"]
+        result.decode_seconds = clock.seconds["decode"]
+        result.stage_seconds = {s: clock.seconds[s] for s in STAGES}
         result.tokens = self._truncate(result.tokens, max_new_tokens, stop_token_ids)
         return result
 
@@ -154,50 +145,51 @@ class ReferenceDecoder:
         spec = self.drafter.spec
         anchor = result.tokens[-1]
         start = cache.get_seq_length()  # the anchor's position
-        hidden = self.drafter.block_hidden(
-            self.embed[anchor], self.embed[spec.mask_token_id], start, context
-        )
-        base_logits = self.lm_head(hidden)
-        result.stage_seconds["draft"] += clock.lap()
-
-        self.scorer.prepare(hidden[None], base_logits[None])
-        tree = build_trees(self.scorer, [anchor], self.shape)[0]
-        result.stage_seconds["build"] += clock.lap()
-
-        tokens = torch.tensor([tree.tokens], device=self.device)
-        positions = start + torch.tensor([tree.depths], device=self.device)
-        visible = torch.ones(tree.num_nodes, start + tree.num_nodes, dtype=torch.bool)
-        visible[:, start:] = ancestor_mask(tree.parents)
-        mask = torch.zeros(visible.shape, dtype=self.embed.dtype).masked_fill(
-            ~visible, torch.finfo(self.embed.dtype).min
-        )
-        out = self.target(
-            tokens,
-            position_ids=positions,
-            attention_mask=mask[None, None].to(self.device),
-            past_key_values=cache,
-            output_hidden_states=True,
-        )
-        result.stage_seconds["verify"] += clock.lap()
-
-        target_tokens = draw_target_tokens(out.logits[0], sampling, generator).tolist()
-        path, bonus = accept(tree, target_tokens)
-        keep = torch.tensor([0, *path], device=self.device)
-        for layer in cache.layers:
-            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, start + keep]], 2)
-            layer.values = torch.cat(
-                [layer.values[:, :, :start], layer.values[:, :, start + keep]], 2
+        with clock.stage("draft"):
+            hidden = self.drafter.block_hidden(
+                self.embed[anchor], self.embed[spec.mask_token_id], start, context
             )
-        result.tokens.extend([tree.tokens[n] for n in path] + [bonus])
-        result.accept_lengths.append(len(path) + 1)
-        result.sibling_accepts += sibling_accepts(tree, path)
-        context.append(
-            self.drafter.backbone.context_kv(
-                self._features(out.hidden_states, keep),
-                torch.arange(start, start + len(keep), device=self.device),
+            base_logits = self.lm_head(hidden)
+        with clock.stage("build"):
+            self.scorer.prepare(hidden[None], base_logits[None])
+            tree = build_trees(self.scorer, [anchor], self.shape)[0]
+
+        with clock.stage("verify"):
+            tokens = torch.tensor([tree.tokens], device=self.device)
+            positions = start + torch.tensor([tree.depths], device=self.device)
+            visible = torch.ones(tree.num_nodes, start + tree.num_nodes, dtype=torch.bool)
+            visible[:, start:] = ancestor_mask(tree.parents)
+            mask = torch.zeros(visible.shape, dtype=self.embed.dtype).masked_fill(
+                ~visible, torch.finfo(self.embed.dtype).min
             )
-        )
-        result.stage_seconds["commit"] += clock.lap()
+            out = self.target(
+                tokens,
+                position_ids=positions,
+                attention_mask=mask[None, None].to(self.device),
+                past_key_values=cache,
+                output_hidden_states=True,
+            )
+
+        with clock.stage("commit"):
+            target_tokens = draw_target_tokens(out.logits[0], sampling, generator).tolist()
+            path, bonus = accept(tree, target_tokens)
+            keep = torch.tensor([0, *path], device=self.device)
+            for layer in cache.layers:
+                layer.keys = torch.cat(
+                    [layer.keys[:, :, :start], layer.keys[:, :, start + keep]], 2
+                )
+                layer.values = torch.cat(
+                    [layer.values[:, :, :start], layer.values[:, :, start + keep]], 2
+                )
+            result.tokens.extend([tree.tokens[n] for n in path] + [bonus])
+            result.accept_lengths.append(len(path) + 1)
+            result.sibling_accepts += sibling_accepts(tree, path)
+            context.append(
+                self.drafter.backbone.context_kv(
+                    self._features(out.hidden_states, keep),
+                    torch.arange(start, start + len(keep), device=self.device),
+                )
+            )
 
     def _features(self, hidden_states: tuple[torch.Tensor, ...], rows) -> torch.Tensor:
         """The drafter's context input: the target's hidden states after each of

@@ -1,9 +1,5 @@
-"""Where a DominoTree step's time goes, for benchmarks (off unless asked for).
-
-StageClock: `llm.collective_rpc("dominotree_profile", args=(True,))` turns it on; the
-seconds per stage then come back in `dominotree_stats`. Every stage is bracketed by
-device synchronizations, so the stages add up to the step, but the syncs make the step
-itself slower: measure a round's cost with the clock off and its split with it on.
+"""Where a DominoTree step's time goes on the host and the GPU, for benchmarks (off
+unless asked for). The runner's stage clock (stage_clock.py) gives the seconds per stage.
 
 LaunchTrace: `llm.collective_rpc("dominotree_trace", args=(True,))`, run requests, then
 `args=(False,)` returns what the worker's host asked of the GPU meanwhile (torch's
@@ -14,55 +10,9 @@ milliseconds inside each stage (the stages are profiler ranges while tracing).
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import torch
-
-
-class StageClock:
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.enabled = False
-        # While a LaunchTrace runs, every stage is also a profiler range
-        # ("dominotree.<stage>"), so the trace tells the host's time per stage (no syncs).
-        self.labels = False
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        if self.labels:
-            with torch.profiler.record_function(f"{LABEL_PREFIX}{name}"), self._timed(name):
-                yield
-        else:
-            with self._timed(name):
-                yield
-
-    @contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
-        self._sync()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._sync()
-            self.seconds[name] += time.perf_counter() - start
-
-    def reset(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.seconds = defaultdict(float)
-
-
-LABEL_PREFIX = "dominotree."
+from ..stage_clock import LABEL_PREFIX
 
 # CUDA API calls by what they mean for the host.
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")

@@ -24,10 +24,11 @@ import torch
 from vllm.v1.outputs import SamplerOutput
 
 from ..patches.worker_classes import runner_builds_proposer
+from ..stage_clock import StageClock
 from ..tree.builder import DraftTree
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .commit import CpuPathKVMover, drafter_rows_first
-from .profiling import LaunchTrace, StageClock
+from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
 from .tree_step import TreeStep, TreeStepBuffers, TreeVerification, install, tree_rows
@@ -192,19 +193,30 @@ class DominoTreeRunnerMixin:
             self._tree_buffers.clear()
             return None
         batch = self.input_batch
+        num_reqs = batch.num_reqs
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
-        num_drafts = spec_decode_metadata.num_draft_tokens
+        num_drafts = np.asarray(spec_decode_metadata.num_draft_tokens)
+        # Each request's first row in the forward's tokens and among the logits (the root
+        # and its drafts), in batch order.
+        tokens_per_request = np.asarray(num_scheduled_tokens[:num_reqs])
+        token_starts = np.cumsum(tokens_per_request) - tokens_per_request
+        logits_per_request = num_drafts + 1
+        logits_ends = np.cumsum(logits_per_request)
+        logits_starts = logits_ends - logits_per_request
         trees = []
-        token_row = logits_row = 0
-        for i, req_id in enumerate(batch.req_ids[: batch.num_reqs]):
+        for i, req_id in enumerate(batch.req_ids[:num_reqs]):
             if num_drafts[i]:
                 start = int(batch.num_computed_tokens_cpu[i])
                 drafts, tree = list(spec_tokens[req_id]), self._trees.get(req_id)
-                trees.append(tree_rows(i, token_row, logits_row, start, drafts, tree))
-            token_row += int(num_scheduled_tokens[i])
-            logits_row += num_drafts[i] + 1
-        logits_requests = np.repeat(np.arange(batch.num_reqs), np.asarray(num_drafts) + 1)
-        return self._tree_buffers.publish(trees, token_row, logits_requests)
+                trees.append(
+                    tree_rows(i, int(token_starts[i]), int(logits_starts[i]), start, drafts, tree)
+                )
+        return self._tree_buffers.publish(
+            trees,
+            int(tokens_per_request.sum()),
+            logits_requests=np.repeat(np.arange(num_reqs), logits_per_request),
+            logits_ranges=list(zip(logits_starts.tolist(), logits_ends.tolist(), strict=True)),
+        )
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
@@ -232,13 +244,10 @@ class DominoTreeRunnerMixin:
         with self.stage_clock.stage("accept"):
             step, batch = self._step, self.input_batch
             num_reqs = batch.num_reqs
-            rows_per_request = np.asarray(spec_decode_metadata.num_draft_tokens) + 1
-            ends = np.cumsum(rows_per_request)
-            ranges = list(zip((ends - rows_per_request).tolist(), ends.tolist(), strict=True))
             target = draw_targets(
                 logits,
                 step.request,
-                ranges,
+                step.logits_ranges,
                 batch.sampling_metadata,
                 self.discard_request_mask.np[:num_reqs],
             )

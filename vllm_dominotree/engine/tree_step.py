@@ -140,6 +140,7 @@ class TreeStep:
     trees: list[TreeRows]
     num_tokens: int
     num_logits: int
+    logits_ranges: list[tuple[int, int]]  # per request of the batch: [first, end) rows
     token_delta: torch.Tensor
     request: torch.Tensor  # per logits row
     in_tree: torch.Tensor
@@ -178,9 +179,14 @@ class TreeStepBuffers:
             self._dirty = 0
 
     def publish(
-        self, trees: list[TreeRows], num_tokens: int, logits_requests: np.ndarray
+        self,
+        trees: list[TreeRows],
+        num_tokens: int,
+        logits_requests: np.ndarray,
+        logits_ranges: list[tuple[int, int]],
     ) -> TreeStep:
-        """logits_requests: [L] the request (batch index) of every logits row."""
+        """logits_requests: [L] the request (batch index) of every logits row;
+        logits_ranges: per request, its logits rows [first, end)."""
         num_logits = len(logits_requests)
         columns = max(num_tokens, num_logits, self._dirty)
         if columns > self.capacity:
@@ -227,6 +233,7 @@ class TreeStepBuffers:
             trees,
             num_tokens,
             num_logits,
+            logits_ranges,
             token_delta=d[_TOKEN_DELTA, :num_tokens],
             request=d[_REQUEST, :num_logits],
             in_tree=d[_IN_TREE, :num_logits],

@@ -1,0 +1,59 @@
+"""Seconds per stage of a decoding step, for benchmarks (off unless asked for).
+
+Used by the engine's runner (`llm.collective_rpc("dominotree_profile", args=(True,))`
+turns it on; the seconds per stage come back in `dominotree_stats`) and by the reference
+decoder. Every stage is bracketed by device synchronizations, so stages add up inside
+the step, but the syncs make the step itself slower: measure a round's cost with the
+clock off and its split with it on. Stages may nest (a step holds its stages).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+LABEL_PREFIX = "dominotree."
+
+
+class StageClock:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.enabled = False
+        # While a LaunchTrace runs, every stage is also a profiler range
+        # ("dominotree.<stage>"), so the trace tells the host's time per stage (no syncs).
+        self.labels = False
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        if self.labels:
+            with torch.profiler.record_function(f"{LABEL_PREFIX}{name}"), self._timed(name):
+                yield
+        else:
+            with self._timed(name):
+                yield
+
+    @contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - start
+
+    def reset(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.seconds = defaultdict(float)
