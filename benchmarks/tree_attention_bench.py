@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
-from vllm_dominotree.engine.tree_step import tree_bits
 from vllm_dominotree.kernels.tree_attention import TreeAttention
+from vllm_dominotree.tree.ancestry import tree_bits
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 

@@ -9,7 +9,7 @@ import torch
 
 from vllm_dominotree.engine.acceptance import accept_trees, step_counters
 from vllm_dominotree.engine.commit import drafter_rows_first, moved_rows
-from vllm_dominotree.engine.tree_step import PAD_PARENT, TreeRows, TreeStepBuffers, tree_bits
+from vllm_dominotree.engine.tree_step import PAD_PARENT, TreeRows, TreeStepBuffers
 from vllm_dominotree.tree.acceptance import accept, sibling_accepts
 from vllm_dominotree.tree.builder import DraftTree
 
@@ -88,17 +88,6 @@ def test_batched_acceptance_equals_the_host_walk(seed):
         siblings += sibling_accepts(tree, path)
         moves += path != list(range(1, len(path) + 1))
     assert step_counters(step, got).tolist() == [accepted, siblings, moves]
-
-
-def test_tree_bits():
-    parents = np.array([[-1, 0, 0, 1, 3, PAD_PARENT]])
-    ancestors, siblings, needs_fix = tree_bits(parents)
-    assert ancestors[0].tolist() == [0, 0b1, 0b10, 0b101, 0b1101, 0b10000]
-    assert siblings[0].tolist() == [0, 0, 0b1, 0, 0, 0]
-    assert needs_fix[0].tolist() == [False, False, True, True, True, False]
-    chain = np.array([list(range(-1, 64))])  # 65 rows: bit 63 is the sign bit
-    ancestors, _, needs_fix = tree_bits(chain)
-    assert ancestors[0, 64] == -1 and not needs_fix.any()
 
 
 def test_drafter_rows_follow_the_path_and_positions_stay_unique():

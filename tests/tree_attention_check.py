@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dominotree.engine.tree_step import tree_bits
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
+from vllm_dominotree.tree.ancestry import tree_bits
 
 
 def random_case(

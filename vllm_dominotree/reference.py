@@ -26,7 +26,8 @@ from .drafter.checkpoint import check_fits_target
 from .drafter.model import Drafter
 from .stage_clock import StageClock
 from .tree.acceptance import SamplingParams, accept, draw_target_tokens, sibling_accepts
-from .tree.builder import ancestor_mask, build_trees
+from .tree.ancestry import ancestor_mask
+from .tree.builder import build_trees
 from .tree.scorers import make_scorer
 
 STAGES = ("draft", "build", "verify", "commit")

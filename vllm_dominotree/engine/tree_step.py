@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..tree.ancestry import tree_bits
 from ..tree.builder import DraftTree
 
 PAD_PARENT = -2  # a row the scheduler kept beyond its tree: never accepted, never fixed
@@ -100,36 +101,6 @@ def tree_rows(
         tree.parents[:num_real] + [PAD_PARENT] * pad,
         tree.depths[:num_real] + [1] * pad,
     )
-
-
-def _row_bits(num_rows: int) -> np.ndarray:
-    """[n] int64: row i's own bit (i - 1), 0 for the root."""
-    offsets = np.arange(num_rows, dtype=np.int64)
-    return np.where(offsets >= 1, np.left_shift(np.int64(1), np.maximum(offsets - 1, 0)), 0)
-
-
-def tree_bits(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """parents: [B, n] row offsets (-1 root, PAD_PARENT padding, anything past a tree's
-    rows is ignored by the caller). Returns (ancestors, siblings_before, needs_fix), each
-    [B, n]: the masks described in the module docstring."""
-    b, n = parents.shape
-    own = np.broadcast_to(_row_bits(n), (b, n))
-    real = parents >= 0
-    up = np.where(real, parents, 0)
-    ancestors = own.copy()
-    rows = np.arange(b)[:, None]
-    for _ in range(n):  # a path is at most n rows long; stops once nothing changes
-        grown = ancestors | np.where(real, ancestors[rows, up], 0)
-        if np.array_equal(grown, ancestors):
-            break
-        ancestors = grown
-    earlier = np.tri(n, n, -1, dtype=bool)[None]  # [1, i, j]: j < i
-    same_parent = (parents[:, :, None] == parents[:, None, :]) & real[:, :, None] & earlier
-    # Disjoint bits: their wrapping int64 sum is their OR.
-    siblings = (same_parent * own[:, None, :]).sum(-1, dtype=np.int64)
-    causal = np.bitwise_or.accumulate(own, axis=1)
-    needs_fix = real & (ancestors != causal)
-    return ancestors, siblings, needs_fix
 
 
 @dataclass

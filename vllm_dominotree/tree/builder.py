@@ -24,8 +24,6 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
-
 ROOT = 0
 
 
@@ -98,18 +96,6 @@ class DraftTree:
     @property
     def num_nodes(self) -> int:
         return len(self.tokens)
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """[n, n] bool for nodes in topological order (parents[i] < i, -1 for none): row i
-    sees column j iff j is i or an ancestor of i."""
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        mask[i, i] = True
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
 
 
 def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[DraftTree]:

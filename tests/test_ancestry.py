@@ -1,0 +1,41 @@
+"""The ancestor sets of tree rows: bitmasks (engine) and the dense mask (reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_dominotree.engine.tree_step import PAD_PARENT
+from vllm_dominotree.tree.ancestry import ancestor_mask, tree_bits
+
+
+def test_tree_bits():
+    parents = np.array([[-1, 0, 0, 1, 3, PAD_PARENT]])
+    ancestors, siblings, needs_fix = tree_bits(parents)
+    assert ancestors[0].tolist() == [0, 0b1, 0b10, 0b101, 0b1101, 0b10000]
+    assert siblings[0].tolist() == [0, 0, 0b1, 0, 0, 0]
+    assert needs_fix[0].tolist() == [False, False, True, True, True, False]
+    chain = np.array([list(range(-1, 64))])  # 65 rows: bit 63 is the sign bit
+    ancestors, _, needs_fix = tree_bits(chain)
+    assert ancestors[0, 64] == -1 and not needs_fix.any()
+
+
+def walked_mask(parents: list[int]) -> torch.Tensor:
+    """Row i sees j iff walking i's parents reaches j."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        node = i
+        while node >= 0:
+            mask[i, node] = True
+            node = parents[node]
+    return mask
+
+
+def test_ancestor_mask_is_the_walk_up_the_parents():
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 9, 33, 65):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+        assert torch.equal(ancestor_mask(parents), walked_mask(parents)), n
+    chain = list(range(-1, 64))
+    assert torch.equal(ancestor_mask(chain), torch.ones(65, 65, dtype=torch.bool).tril())
