@@ -57,3 +57,30 @@ class StageClock:
     def reset(self, enabled: bool) -> None:
         self.enabled = enabled
         self.seconds = defaultdict(float)
+
+
+class DraftBuildTimes:
+    """The device seconds of one step's draft and build, measured without a sync of
+    their own: CUDA events at the stage boundaries, read after the build has waited for
+    its trees anyway (on CPU, where the work runs synchronously, the host's clock)."""
+
+    DRAFT, DRAFTED, BUILT = 0, 1, 2
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.cuda else []
+        self._times = [0.0, 0.0, 0.0]
+
+    def mark(self, point: int) -> None:
+        if self.cuda:
+            self._events[point].record()
+        else:
+            self._times[point] = time.perf_counter()
+
+    def seconds(self) -> tuple[float, float]:
+        """(draft, build) of the last marked step; call once BUILT has completed."""
+        if self.cuda:
+            start, drafted, built = self._events
+            return start.elapsed_time(drafted) / 1e3, drafted.elapsed_time(built) / 1e3
+        start, drafted, built = self._times
+        return drafted - start, built - drafted

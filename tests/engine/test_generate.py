@@ -6,6 +6,8 @@ import itertools
 
 import pytest
 
+from vllm_dominotree.metrics import COUNTERS
+
 from .conftest import (
     PROMPTS,
     assert_sampled_law,
@@ -91,15 +93,25 @@ def test_other_scorers_are_lossless(other_scorer, expected):
 
 
 def test_vllm_metrics_agree_with_the_runner(pair_dirs):
-    """vLLM's spec-decode counters (drafts, draft tokens, accepted, per position) must
-    tell the same story as the runner's own accounting."""
+    """vLLM's spec-decode counters (drafts, draft tokens, accepted, per position) and the
+    plugin's own figures in LLM.get_metrics() (metrics.py) must tell the same story as
+    the runner's own accounting."""
     llm = make_llm(pair_dirs, dominotree(pair_dirs, budget=12))
     try:
         greedy(llm)
         metrics = spec_metrics(llm)
+        ours = {m.name: m for m in llm.get_metrics() if m.name.startswith("dominotree_")}
         stats = tree_stats(llm)
     finally:
         shutdown(llm)
+    for name in COUNTERS:
+        assert ours[f"dominotree_{name}"].value == stats[name], name
+    assert stats["trees"] > 0 and stats["sibling_accepts"] > 0
+    assert stats["tree_nodes"] == 12 * stats["trees"]  # every tree padded to the budget
+    builds = stats["graph_builds"] + stats["eager_builds"]
+    for name in ("dominotree_draft_seconds", "dominotree_build_seconds"):
+        assert ours[name].count == builds >= stats["steps"], name  # one per drafting step
+        assert ours[name].sum > 0 and ours[name].buckets["+Inf"] == builds
     assert metrics["vllm:spec_decode_num_accepted_tokens"] == stats["accepted_tokens"]
     assert metrics["vllm:spec_decode_num_drafts"] >= stats["trees"]
     assert (

@@ -264,6 +264,12 @@ def test_server_speculates(server, baseline, tokenizer):
     accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
     assert drafts > 0, sorted(k for k in after if "spec" in k)
     assert accepted > 0
+    # The plugin's own figures at /metrics (metrics.py) beside vLLM's: the same story.
+    assert delta("dominotree_accepted_tokens_total") == accepted
+    assert 0 < delta("dominotree_trees_total") <= drafts
+    assert delta("dominotree_tree_nodes_total") <= delta("vllm:spec_decode_num_draft_tokens_total")
+    assert delta("dominotree_draft_seconds_count") >= delta("dominotree_steps_total") > 0
+    assert delta("dominotree_build_seconds_sum") > 0
     # With the toy drafter right most of the time, speculation saves target steps: the
     # MAX_TOKENS tokens (the first from prefill) come from fewer verification steps.
     assert drafts < MAX_TOKENS - 1

@@ -20,6 +20,7 @@ from ..config import DominoTreeConfig
 from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
 from ..speculative import ADDITIONAL_CONFIG_KEY
+from ..stage_clock import DraftBuildTimes
 from ..tree.builder import DraftTree, build_trees
 from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import make_scorer
@@ -36,6 +37,10 @@ class DominoTreeProposer(DFlashProposer):
         self.builder: DeviceTreeBuilder | None = None
         self.last_trees: list[DraftTree] = []
         self.clock = runner.stage_clock  # the tree runner's: one clock per step
+        # Each step's draft and build seconds (read by the runner after the step's sync)
+        # and how many steps drafted so far.
+        self.times = DraftBuildTimes(device)
+        self.timed_steps = 0
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         # The drafter was checked against the target in process 0 (patches/engine_args.py).
@@ -73,10 +78,15 @@ class DominoTreeProposer(DFlashProposer):
         self.builder.capture()
 
     def _build(self, anchors: torch.Tensor) -> list[DraftTree]:
+        """The trees (marking BUILT when they are complete, before the host waits)."""
         if self.device.type == "cuda" or self.builder.chain:
-            return self.builder.build(anchors)
+            self.builder.launch(anchors)
+            self.times.mark(self.times.BUILT)
+            return self.builder.collect(anchors.shape[0])
         self.builder.counts.eager_builds += 1
-        return build_trees(self.scorer, anchors.tolist(), self.shape)
+        trees = build_trees(self.scorer, anchors.tolist(), self.shape)
+        self.times.mark(self.times.BUILT)
+        return trees
 
     def _full_embedding(self) -> torch.Tensor:
         """The target's embedding table over the whole vocabulary, [V, H]: the builder
@@ -111,6 +121,8 @@ class DominoTreeProposer(DFlashProposer):
         """Returns each tree's drafted tokens in topological order, padded to the budget
         (padding is never accepted: the runner verifies against `last_trees`). A host
         list, which vLLM hands to its scheduler as it is (no device round trip)."""
+        times = self.times
+        times.mark(times.DRAFT)
         with self.clock.stage("draft"):
             hidden, base_logits = self._draft(
                 target_token_ids,
@@ -122,11 +134,13 @@ class DominoTreeProposer(DFlashProposer):
                 mm_embed_inputs,
                 num_rejected_tokens_gpu,
             )
+        times.mark(times.DRAFTED)
         with self.clock.stage("build"):
             self.scorer.prepare(hidden, base_logits)
             self.last_trees = self._build(next_token_ids)
-            pad = [0] * self.budget
-            return [(tree.tokens[1:] + pad)[: self.budget] for tree in self.last_trees]
+        self.timed_steps += 1
+        pad = [0] * self.budget
+        return [(tree.tokens[1:] + pad)[: self.budget] for tree in self.last_trees]
 
     def _draft(
         self,

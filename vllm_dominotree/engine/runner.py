@@ -21,8 +21,11 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
+from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.outputs import SamplerOutput
 
+from ..metrics import COUNTERS as METRIC_COUNTERS
+from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
 from ..tree.builder import DraftTree
@@ -40,6 +43,7 @@ class DominoTreeStats:
 
     steps: int = 0  # verification steps with at least one tree
     trees: int = 0  # trees verified
+    tree_nodes: int = 0  # drafted nodes verified (the verification rows beside the roots)
     accepted_tokens: int = 0  # drafted tokens accepted (bonus excluded)
     sibling_accepts: int = 0  # accepted nodes that were not their parent's first child
     kv_moves: int = 0  # accepted paths whose K/V had to move to the first slots
@@ -104,9 +108,15 @@ class DominoTreeRunnerMixin:
             super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
         self.launch_trace = LaunchTrace()
-        self._host_stats = DominoTreeStats()  # trees, leaves, steps (known on the host)
-        # accepted tokens, sibling accepts, KV moves: summed on the device, read on demand
-        self._device_stats = torch.zeros(3, dtype=torch.long, device=self.device)
+        self._stats = DominoTreeStats()  # builds excepted (the proposer's builder counts)
+        # This step's figures, folded into the stats once vLLM's copy of the sampled
+        # tokens has synced the step: the counts known on the host, and the device's
+        # (accepted tokens, sibling accepts, K/V moves) copied beside vLLM's tokens.
+        self._step_stats: DominoTreeStats | None = None
+        self._step_counts = torch.zeros(3, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        self._metrics = None  # the block /metrics reads (metrics.py), on the first rank
+        self._published = DominoTreeStats()  # what the block holds
+        self._timed_steps = 0  # the proposer's steps whose times are in the block
         self._trees: dict[str, DraftTree] = {}  # request id -> the tree proposed for it
         self._tree_buffers = TreeStepBuffers(self.max_num_tokens, self.device)
         self._step: TreeStep | None = None
@@ -125,6 +135,8 @@ class DominoTreeRunnerMixin:
         )
         install(self._verification)
         self._rank_check = make_rank_check()  # tensor parallelism: the ranks' trees agree
+        if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures
+            self._metrics = engine_block()
 
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
         super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
@@ -153,15 +165,9 @@ class DominoTreeRunnerMixin:
         return out
 
     def read_stats(self) -> DominoTreeStats:
-        accepted, siblings, moves = self._device_stats.tolist()
-        host, builds = self._host_stats, self.drafter.builder.counts
+        builds = self.drafter.builder.counts
         return replace(
-            host,
-            accepted_tokens=accepted,
-            sibling_accepts=siblings,
-            kv_moves=moves,
-            graph_builds=builds.graph_builds,
-            eager_builds=builds.eager_builds,
+            self._stats, graph_builds=builds.graph_builds, eager_builds=builds.eager_builds
         )
 
     def execute_model(self, *args, **kwargs):
@@ -222,7 +228,7 @@ class DominoTreeRunnerMixin:
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
         if self._step is not None and self._step.trees:  # a verification step
             mode = decision[0].name  # CUDAGraphMode of this forward
-            host = self._host_stats
+            host = self._stats
             if mode == "FULL":
                 host.full_graph_steps += 1
             elif mode == "PIECEWISE":
@@ -255,11 +261,13 @@ class DominoTreeRunnerMixin:
             accepted = accept_trees(
                 step, target, last_rows, num_reqs, spec_decode_metadata.max_spec_len + 1
             )
-            self._device_stats += step_counters(step, accepted)
-            host = self._host_stats
-            host.steps += bool(step.trees)
-            host.trees += len(step.trees)
-            host.tree_leaves += step.leaves
+            self._step_counts.copy_(step_counters(step, accepted), non_blocking=True)
+            self._step_stats = DominoTreeStats(
+                steps=int(bool(step.trees)),
+                trees=len(step.trees),
+                tree_nodes=sum(t.num_rows - 1 for t in step.trees),
+                tree_leaves=step.leaves,
+            )
             slot_mapping = self.input_batch.block_table[self._target_group].slot_mapping.gpu
             self._kv_mover(
                 slot_mapping,
@@ -278,9 +286,40 @@ class DominoTreeRunnerMixin:
         discarded = np.nonzero(self.discard_request_mask.np[: self.input_batch.num_reqs])[0]
         hidden = {int(i): generators.pop(int(i)) for i in discarded if int(i) in generators}
         try:
-            return super()._bookkeeping_sync(*args, **kwargs)
+            out = super()._bookkeeping_sync(*args, **kwargs)
         finally:
             generators.update(hidden)
+        self._fold_step_stats()  # vLLM's copy of the sampled tokens has synced the step
+        return out
+
+    def _fold_step_stats(self) -> None:
+        step, self._step_stats = self._step_stats, None
+        if step is not None:
+            accepted, siblings, moves = self._step_counts.tolist()
+            stats = self._stats
+            stats.steps += step.steps
+            stats.trees += step.trees
+            stats.tree_nodes += step.tree_nodes
+            stats.tree_leaves += step.tree_leaves
+            stats.accepted_tokens += accepted
+            stats.sibling_accepts += siblings
+            stats.kv_moves += moves
+        if self._metrics is not None:
+            self._publish()
+
+    def _publish(self) -> None:
+        """The figures since the last publication into the /metrics block."""
+        now, before = self.read_stats(), self._published
+        self._metrics.add(
+            {name: getattr(now, name) - getattr(before, name) for name in METRIC_COUNTERS}
+        )
+        self._published = now
+        drafter = self.drafter
+        if drafter.timed_steps > self._timed_steps:  # this step drafted (its build waited)
+            draft, build = drafter.times.seconds()
+            self._metrics.observe("draft_seconds", draft)
+            self._metrics.observe("build_seconds", build)
+            self._timed_steps = drafter.timed_steps
 
     # 4. commit the drafter's rows, 5. propose ------------------------------------------
     def propose_draft_token_ids(

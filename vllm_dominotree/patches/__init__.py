@@ -7,6 +7,8 @@ names each one depends on:
   `EngineArgs.create_engine_config`, `SpeculativeConfig` (method "dflash").
 - input_processor (process 0): refuses per-request features the tree sampler lacks.
   `InputProcessor._validate_params`, `SamplingParams` fields.
+- metrics_snapshot (process 0): `LLM.get_metrics()` lists the plugin's figures too.
+  `LLMEngine.get_metrics`, `vllm.v1.metrics.reader` (Counter, Histogram).
 - model_runner_choice (every process): a DominoTree engine runs the V1 model runner.
   `VllmConfig.use_v2_model_runner`.
 - worker_classes (DominoTree workers): the runner class the CPU worker builds and the
@@ -52,8 +54,10 @@ def apply_frontend_patches() -> None:
     check_vllm_version(vllm.__version__)
     from .engine_args import patch_engine_args
     from .input_processor import patch_input_processor
+    from .metrics_snapshot import patch_metrics_snapshot
     from .model_runner_choice import patch_model_runner_choice
 
     patch_engine_args()
     patch_input_processor()
+    patch_metrics_snapshot()
     patch_model_runner_choice()

@@ -5,7 +5,8 @@ unknown method fails in `SpeculativeConfig.__post_init__`.
 How: `EngineArgs.create_engine_config` (run in process 0 by LLM, AsyncLLM and the API
 server) is wrapped; when the speculative config names our method it is rewritten into
 vLLM's DFlash plumbing plus `additional_config["dominotree"]`, the worker class is set
-to the DominoTree worker, and unsupported engine options are refused with a message.
+to the DominoTree worker, and unsupported engine options are refused with a message;
+the engine gets its block of figures for /metrics (metrics.py).
 Removal: when vLLM accepts plugin-registered speculative methods.
 """
 
@@ -18,6 +19,7 @@ from vllm.platforms import current_platform
 
 from ..config import DominoTreeConfigError
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
+from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
 
 CPU_WORKER = "vllm_dominotree.engine.cpu_worker.DominoTreeCPUWorker"
@@ -87,8 +89,10 @@ def patch_engine_args() -> None:
         if not is_dominotree(self.speculative_config):
             return original(self, *args, **kwargs)
         prepare_engine_args(self)
+        block = export_for_engine()  # the plugin's figures at /metrics (metrics.py)
         config = original(self, *args, **kwargs)
         check_engine_config(config)
+        bind(config, block)
         return config
 
     create_engine_config._dominotree = True

@@ -85,6 +85,12 @@ class DeviceTreeBuilder:
     def build(self, anchors: torch.Tensor) -> list[DraftTree]:
         """anchors: [R] the last verified token of each request, on the device; the
         scorer is prepared for these R requests. One host wait, for the finished trees."""
+        self.launch(anchors)
+        return self.collect(anchors.shape[0])
+
+    @torch.no_grad()
+    def launch(self, anchors: torch.Tensor) -> None:
+        """The build and the copy of its trees to the host, queued (no wait)."""
         n = anchors.shape[0]
         p = padded_rows(n, self.max_requests)
         self.anchors[:n].copy_(anchors)
@@ -96,6 +102,9 @@ class DeviceTreeBuilder:
             self._grow(p)
             self.counts.eager_builds += 1
         self.trees_host[:n].copy_(self.trees[:n], non_blocking=True)
+
+    def collect(self, n: int) -> list[DraftTree]:
+        """The n trees of the last launch, once they are on the host."""
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
         return [_draft_tree(*rows) for rows in self.trees_host[:n].tolist()]
