@@ -3,11 +3,13 @@ against the host walk it replaces (tree/acceptance.accept), on random trees."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
-from vllm_dominotree.engine.acceptance import accept_trees, step_counters
+from vllm_dominotree.engine.acceptance import accept_trees, keyed_exponential, step_counters
 from vllm_dominotree.engine.commit import drafter_rows_first, moved_rows
 from vllm_dominotree.engine.tree_step import PAD_PARENT, TreeRows, TreeStepBuffers
 from vllm_dominotree.tree.acceptance import accept, sibling_accepts
@@ -28,13 +30,14 @@ def random_step(seed: int, vocab: int = 3):
     gen = torch.Generator().manual_seed(seed)
     trees, host = [], []
     token_row = logits_row = 0
-    logits_requests, query_start = [], []
+    logits_requests, logits_token_rows, query_start = [], [], []
     for r in range(7):
         query_start.append(token_row)
         if r % 3 == 1:  # a request without a tree (a prefill's last row)
             prefill = int(torch.randint(1, 5, (1,), generator=gen))
             logits_requests.append(r)
             token_row += prefill
+            logits_token_rows.append(token_row - 1)
             logits_row += 1
             continue
         tree = random_tree(gen, int(torch.randint(1, 12, (1,), generator=gen)), vocab)
@@ -51,6 +54,7 @@ def random_step(seed: int, vocab: int = 3):
         trees.append(t)
         host.append((r, tree))
         logits_requests += [r] * t.num_rows
+        logits_token_rows += range(token_row, token_row + t.num_rows)
         token_row += t.num_rows
         logits_row += t.num_rows
     ends = np.cumsum(np.bincount(logits_requests, minlength=7))
@@ -60,6 +64,7 @@ def random_step(seed: int, vocab: int = 3):
         token_row,
         np.array(logits_requests),
         list(zip(starts.tolist(), ends.tolist(), strict=True)),
+        np.array(logits_token_rows),
     )
     target = torch.randint(vocab, (logits_row,), generator=gen)
     query_start = torch.tensor([*query_start, token_row])  # as vLLM's metadata holds it
@@ -119,3 +124,16 @@ def test_drafter_rows_follow_the_path_and_positions_stay_unique():
                 (t.token_row + p, t.token_row + 1 + j) for j, p in enumerate(path) if p != j + 1
             ]
         assert list(zip(src.tolist(), dst.tolist(), strict=True)) == want
+
+
+def test_keyed_noise_is_a_function_of_seed_position_and_token():
+    seeds = torch.tensor([3, 3, 4, 3])
+    positions = torch.tensor([10, 11, 10, 10])
+    noise = keyed_exponential(seeds, positions, 5000, chunk_elements=7000)  # chunked
+    assert torch.equal(noise[0], noise[3])  # same key: same noise, whatever the row
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
+    assert torch.equal(noise, keyed_exponential(seeds, positions, 5000))  # chunks agree
+    # Exp(1): mean 1, P(E > 1) = 1/e, and no correlation between keys.
+    assert abs(noise.mean().item() - 1) < 0.02
+    assert abs((noise > 1).double().mean().item() - math.exp(-1)) < 0.01
+    assert abs(torch.corrcoef(noise[:3])[0, 1:].abs().max().item()) < 0.05

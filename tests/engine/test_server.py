@@ -229,6 +229,19 @@ def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
     _assert_still_serves(server, baseline, tokenizer, "abc")
 
 
+def test_unsupported_option_in_a_stream_is_refused_before_it_starts(server, baseline, tokenizer):
+    body = {"prompt": "abc", "max_tokens": 8, "stream": True, "presence_penalty": 0.5}
+    response = server.post("/v1/completions", body)
+    assert response.status_code == 400, response.text
+    assert "presence_penalty" in response.json()["error"]["message"]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "min_p": 0.1}
+    response = server.post("/v1/chat/completions", chat)
+    assert response.status_code == 400, response.text
+    assert "min_p" in response.json()["error"]["message"]
+
+    _assert_still_serves(server, baseline, tokenizer, "abc")
+
+
 def test_client_disconnect_mid_stream(server, baseline, tokenizer):
     text = "a"
     max_tokens = MAX_MODEL_LEN - len(text) - 1

@@ -2,7 +2,8 @@
 
 Sample-and-match (tree/acceptance.py has the argument for why it is lossless): the
 target's token is drawn at every logits row with the request's own temperature / top-k /
-top-p and generator (greedy: argmax), a row is accepted iff every row on its path (its
+top-p (greedy: argmax; a seeded request's noise is keyed by its seed and the position),
+a row is accepted iff every row on its path (its
 ancestors-or-self bits, tree_step.py) holds the token drawn at its parent, and the bonus
 is the token drawn at the deepest accepted row (the root if none). A sibling whose token
 an earlier sibling already holds is never entered (the host walk takes the first child).
@@ -10,14 +11,13 @@ an earlier sibling already holds is never entered (the host walk takes the first
 The result is in vLLM's rejection-sampler layout ([R, max_spec_len + 1]: the path's
 tokens, the bonus, then -1) so that the scheduler's prefix rollback stays right; the
 path's row offsets go to the commit (commit.py). vLLM copies the sampled ids to the host
-once per step, as for its own sampler; the counters stay on the device until read.
+once per step, as for its own sampler; the step's counters travel beside them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
@@ -38,8 +38,8 @@ def draw_targets(
     logits: torch.Tensor,  # [L, V]
     row_requests: torch.Tensor,  # [L] long: the request of each row
     row_ranges: list[tuple[int, int]],  # per request, its logits rows [first, end)
+    row_positions: torch.Tensor,  # [L] long: the position of the token each row draws
     sampling_metadata,
-    skip_generators: np.ndarray,  # [R] bool: requests whose draw vLLM discards
 ) -> torch.Tensor:
     """The target's token at every logits row, [L] long."""
     greedy = logits.argmax(dim=-1)
@@ -55,18 +55,66 @@ def draw_targets(
         scaled, per_row(sampling_metadata.top_k), per_row(sampling_metadata.top_p)
     )
     probs = scaled.softmax(dim=-1)
-    # Exponential race: argmax(p / E), E ~ Exp(1), is a draw from p. Seeded requests draw
-    # their rows from their own generator, in row order (so a seed reproduces).
+    # Exponential race: argmax(p / E), E ~ Exp(1), is a draw from p.
     noise = torch.empty_like(probs)
     generators = sampling_metadata.generators
     if len(generators) < len(row_ranges):
         noise.exponential_()
-    for r, generator in generators.items():
-        if not skip_generators[r]:
-            first, end = row_ranges[r]
-            noise[first:end].exponential_(generator=generator)
+    if generators:
+        # A seeded request's noise is a function of (seed, position, token) alone, not a
+        # stream: the token it emits at a position does not depend on how many tree rows
+        # earlier steps verified, so a seed reproduces across batchings, preemptions and
+        # tensor-parallel layouts. Every position gets fresh noise, so each draw is still
+        # the target's law given the path (tree/acceptance.py).
+        rows = torch.cat([torch.arange(*row_ranges[r], device=logits.device) for r in generators])
+        seeds = torch.cat(
+            [
+                torch.full((row_ranges[r][1] - row_ranges[r][0],), g.initial_seed())
+                for r, g in generators.items()
+            ]
+        ).to(logits.device)
+        noise[rows] = keyed_exponential(seeds, row_positions[rows], probs.shape[-1])
     drawn = (probs / noise).argmax(dim=-1)
     return torch.where(temperature < _SAMPLING_EPS, greedy, drawn)
+
+
+# splitmix64's constants as signed int64 (torch's integer arithmetic wraps).
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's >> is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64: a bijection of int64 whose outputs look independent."""
+    z = z + _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+def keyed_exponential(
+    seeds: torch.Tensor,  # [n] long
+    positions: torch.Tensor,  # [n] long
+    vocab: int,
+    chunk_elements: int = 1 << 24,
+) -> torch.Tensor:
+    """[n, vocab] float32 Exp(1) noise, each entry a function of (seed, position, token)
+    alone (counter-based, no generator state). Rows in chunks of at most
+    `chunk_elements` entries, to bound the int64 temporaries."""
+    keys = _mix(_mix(seeds) ^ positions)  # [n]
+    tokens = torch.arange(vocab, device=seeds.device)
+    out = torch.empty(seeds.shape[0], vocab, device=seeds.device)
+    step = max(1, chunk_elements // vocab)
+    for start in range(0, seeds.shape[0], step):
+        z = _mix(keys[start : start + step, None] ^ tokens[None, :])
+        uniform = (_shift_right(z, 11).double() + 0.5) * 2.0**-53  # (0, 1)
+        out[start : start + step] = -torch.log(uniform)
+    return out
 
 
 def _request_bits(step: TreeStep, rows: torch.Tensor, num_reqs: int) -> torch.Tensor:

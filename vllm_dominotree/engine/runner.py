@@ -217,11 +217,18 @@ class DominoTreeRunnerMixin:
                 trees.append(
                     tree_rows(i, int(token_starts[i]), int(logits_starts[i]), start, drafts, tree)
                 )
+        logits_requests = np.repeat(np.arange(num_reqs), logits_per_request)
+        # A request's logits rows are its last 1 + drafts scheduled tokens.
+        token_ends = token_starts + tokens_per_request
+        logits_token_rows = token_ends[logits_requests] - (
+            logits_ends[logits_requests] - np.arange(len(logits_requests))
+        )
         return self._tree_buffers.publish(
             trees,
             int(tokens_per_request.sum()),
-            logits_requests=np.repeat(np.arange(num_reqs), logits_per_request),
+            logits_requests=logits_requests,
             logits_ranges=list(zip(logits_starts.tolist(), logits_ends.tolist(), strict=True)),
+            logits_token_rows=logits_token_rows,
         )
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
@@ -246,7 +253,7 @@ class DominoTreeRunnerMixin:
     def _sample(self, logits, spec_decode_metadata) -> SamplerOutput:
         self._accepted = None
         if spec_decode_metadata is None:
-            return super()._sample(logits, spec_decode_metadata)
+            return self._sample_without_trees(logits)
         with self.stage_clock.stage("accept"):
             step, batch = self._step, self.input_batch
             num_reqs = batch.num_reqs
@@ -254,8 +261,9 @@ class DominoTreeRunnerMixin:
                 logits,
                 step.request,
                 step.logits_ranges,
+                # A row at (tree) position p draws the token of position p + 1.
+                self.positions[step.token_row] + 1,
                 batch.sampling_metadata,
-                self.discard_request_mask.np[:num_reqs],
             )
             last_rows = spec_decode_metadata.cu_num_sampled_tokens.long() - 1
             accepted = accept_trees(
@@ -278,10 +286,32 @@ class DominoTreeRunnerMixin:
             self._accepted = accepted
         return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=None)
 
+    def _sample_without_trees(self, logits: torch.Tensor) -> SamplerOutput:
+        """vLLM's sampler, except for seeded requests: they draw with the keyed noise of
+        the tree steps (acceptance.py), so that every token of a seeded request comes
+        from the same function of (seed, position) whether its step verified trees or
+        not (a prefill that ends beside trees, or alone)."""
+        out = super()._sample(logits, None)
+        metadata = self.input_batch.sampling_metadata
+        if metadata.generators:
+            num_reqs = self.input_batch.num_reqs
+            last_rows = self.query_start_loc.gpu[1 : num_reqs + 1].long() - 1
+            drawn = draw_targets(
+                logits,
+                torch.arange(num_reqs, device=logits.device),
+                [(r, r + 1) for r in range(num_reqs)],
+                self.positions[last_rows] + 1,
+                metadata,
+            )
+            seeded = list(metadata.generators)
+            out.sampled_token_ids[seeded, 0] = drawn[seeded].to(out.sampled_token_ids.dtype)
+        return out
+
     def _bookkeeping_sync(self, *args, **kwargs):
         # vLLM rewinds the generator of every request whose sampled token it discards
-        # (a prefill chunk), assuming its sampler drew for it; ours did not draw, and a
-        # CPU generator cannot be rewound at all (get_offset raises). Hide them.
+        # (a prefill chunk), assuming its sampler drew for it; ours does not draw from
+        # generators (seeded noise is keyed, acceptance.py), and a CPU generator cannot
+        # be rewound at all (get_offset raises). Hide them.
         generators = self.input_batch.generators
         discarded = np.nonzero(self.discard_request_mask.np[: self.input_batch.num_reqs])[0]
         hidden = {int(i): generators.pop(int(i)) for i in discarded if int(i) in generators}

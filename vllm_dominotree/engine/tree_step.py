@@ -18,8 +18,9 @@ and per logits row (the rows the target's logits come back for, same order):
   request (for every logits row), in_tree, offset, depth, parent_row (its parent's
   logits row, -1 for roots and padding), ancestors, siblings_before (bits of its
   earlier siblings), token (its draft token; -1 for roots and padding, so it never
-  matches) and token_row (its row in the forward). Rows outside trees carry in_tree 0,
-  parent_row -1 and their own token_row.
+  matches) and token_row (its row in the forward: for a tree's rows the tree's rows, for
+  a prefill's sampled row its last token's). Rows outside trees carry in_tree 0 and
+  parent_row -1.
 """
 
 from __future__ import annotations
@@ -155,9 +156,11 @@ class TreeStepBuffers:
         num_tokens: int,
         logits_requests: np.ndarray,
         logits_ranges: list[tuple[int, int]],
+        logits_token_rows: np.ndarray,
     ) -> TreeStep:
         """logits_requests: [L] the request (batch index) of every logits row;
-        logits_ranges: per request, its logits rows [first, end)."""
+        logits_ranges: per request, its logits rows [first, end); logits_token_rows: [L]
+        each logits row's row in the forward (vLLM's logits indices)."""
         num_logits = len(logits_requests)
         columns = max(num_tokens, num_logits, self._dirty)
         if columns > self.capacity:
@@ -166,7 +169,7 @@ class TreeStepBuffers:
         h[:, :columns] = 0
         h[_REQUEST, :num_logits] = logits_requests
         h[_PARENT_ROW, :columns] = -1
-        h[_TOKEN_ROW, :columns] = np.arange(columns)
+        h[_TOKEN_ROW, :num_logits] = logits_token_rows
         width = max((t.num_rows for t in trees), default=1)
         parents = np.full((len(trees), width), PAD_PARENT, dtype=np.int64)
         depths = np.zeros((len(trees), width), dtype=np.int64)
@@ -191,7 +194,6 @@ class TreeStepBuffers:
             real_parent = parents[b, :n] >= 0
             h[_TOKEN, log] = np.where(real_parent, tokens[b, :n], -1)
             h[_PARENT_ROW, log] = np.where(real_parent, t.logits_row + parents[b, :n], -1)
-            h[_TOKEN_ROW, log] = np.arange(t.token_row, t.token_row + n)
             h[_DEPTH, log] = depths[b, :n]
         self.device_rows[:, :columns].copy_(self.host[:, :columns], non_blocking=True)
         self._dirty = max(num_tokens, num_logits)

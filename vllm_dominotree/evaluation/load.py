@@ -121,7 +121,13 @@ def _stream(url: str, model: str, request: LoadRequest, timeout_s: float) -> Loa
             data = line.removeprefix("data: ")
             if data == "[DONE]":
                 break
-            choice = json.loads(data)["choices"][0]
+            event = json.loads(data)
+            if "error" in event:  # the server failed the request mid-stream
+                result.error = json.dumps(event["error"])
+                break
+            if not event.get("choices"):
+                continue
+            choice = event["choices"][0]
             now = time.monotonic() - result.sent_s
             new = choice.get("token_ids") or []
             result.tokens += new

@@ -6,7 +6,9 @@ names each one depends on:
 - engine_args (process 0: LLM / API server): `"method": "dominotree"` -> DFlash + options.
   `EngineArgs.create_engine_config`, `SpeculativeConfig` (method "dflash").
 - input_processor (process 0): refuses per-request features the tree sampler lacks.
-  `InputProcessor._validate_params`, `SamplingParams` fields.
+  `InputProcessor._validate_params`, `SamplingParams` fields, and (once a DominoTree
+  engine is built in the process) `to_sampling_params` of `CompletionRequest`,
+  `ChatCompletionRequest`, `ResponsesRequest`.
 - metrics_snapshot (process 0): `LLM.get_metrics()` lists the plugin's figures too.
   `LLMEngine.get_metrics`, `vllm.v1.metrics.reader` (Counter, Histogram).
 - model_runner_choice (every process): a DominoTree engine runs the V1 model runner.

@@ -21,6 +21,7 @@ from ..config import DominoTreeConfigError
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
+from .input_processor import patch_openai_requests
 
 CPU_WORKER = "vllm_dominotree.engine.cpu_worker.DominoTreeCPUWorker"
 GPU_WORKER = "vllm_dominotree.engine.gpu_worker.DominoTreeGPUWorker"
@@ -89,6 +90,7 @@ def patch_engine_args() -> None:
         if not is_dominotree(self.speculative_config):
             return original(self, *args, **kwargs)
         prepare_engine_args(self)
+        patch_openai_requests()  # a streamed request is refused before its stream starts
         block = export_for_engine()  # the plugin's figures at /metrics (metrics.py)
         config = original(self, *args, **kwargs)
         check_engine_config(config)

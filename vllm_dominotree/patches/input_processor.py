@@ -7,8 +7,12 @@ other ways (logit_bias, min_p, allowed/bad words, structured outputs, thinking b
 watermarking) or report per-token logprobs are not implemented, and silently ignoring
 them would change what the user asked for.
 How: `InputProcessor._validate_params` is wrapped; for a DominoTree engine it raises
-`VLLMValidationError` naming the parameter. The API server answers 400, the engine and
-the other requests are untouched; `LLM.generate` raises to the caller.
+`VLLMValidationError` naming the parameter: `LLM.generate` raises to the caller, the
+engine and the other requests are untouched. The engine validates a request only once
+its stream has begun, so a streamed request would get HTTP 200 and an error event; in a
+process that built a DominoTree engine the OpenAI requests' `to_sampling_params`
+(completions, chat, responses) are wrapped too, so that the API server answers 400
+before any stream starts.
 Removal: when the tree sampler implements these features.
 """
 
@@ -47,6 +51,19 @@ def unsupported_features(params: SamplingParams) -> list[tuple[str, object]]:
     return [(name, value) for name, value, bad in checks if bad]
 
 
+def refuse_unsupported(params: SamplingParams) -> None:
+    bad = unsupported_features(params)
+    if bad:
+        name, value = bad[0]
+        raise VLLMValidationError(
+            f"{name}={value!r} is not supported with speculative method 'dominotree' "
+            "(its tree sampler honours temperature, top_k, top_p and seed); remove "
+            f"{name} from the request",
+            parameter=name,
+            value=value,
+        )
+
+
 def patch_input_processor() -> None:
     original = InputProcessor._validate_params
     if getattr(original, "_dominotree", False):
@@ -56,17 +73,31 @@ def patch_input_processor() -> None:
     def _validate_params(self, params, *args, **kwargs):
         extra = self.vllm_config.additional_config or {}
         if ADDITIONAL_CONFIG_KEY in extra and isinstance(params, SamplingParams):
-            bad = unsupported_features(params)
-            if bad:
-                name, value = bad[0]
-                raise VLLMValidationError(
-                    f"{name}={value!r} is not supported with speculative method 'dominotree' "
-                    "(its tree sampler honours temperature, top_k, top_p and seed); remove "
-                    f"{name} from the request",
-                    parameter=name,
-                    value=value,
-                )
+            refuse_unsupported(params)
         return original(self, params, *args, **kwargs)
 
     _validate_params._dominotree = True
     InputProcessor._validate_params = _validate_params
+
+
+def patch_openai_requests() -> None:
+    """Called when this process builds a DominoTree engine's config (an API server
+    serves one engine): its OpenAI requests are checked as they are parsed."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    for request_class in (CompletionRequest, ChatCompletionRequest, ResponsesRequest):
+        original = request_class.to_sampling_params
+        if getattr(original, "_dominotree", False):
+            continue
+
+        def to_sampling_params(self, *args, _original=original, **kwargs):
+            params = _original(self, *args, **kwargs)
+            if isinstance(params, SamplingParams):
+                refuse_unsupported(params)
+            return params
+
+        functools.update_wrapper(to_sampling_params, original)
+        to_sampling_params._dominotree = True
+        request_class.to_sampling_params = to_sampling_params
