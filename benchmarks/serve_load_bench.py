@@ -95,7 +95,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows, results = [], {}
     for name, speculative in methods.items():
-        log = args.out / f"server_{name.replace(' ', '_')}.log"
+        log = Path(tempfile.mkdtemp()) / f"server_{name.replace(' ', '_')}.log"
+        print(name, "server log:", log, flush=True)
         server = ApiServer.start(args.target, log, server_args(args, speculative))
         try:
             server.wait_healthy(300)
@@ -139,7 +140,8 @@ def main() -> None:
             f"`{command_line()}`: {args.requests} streamed completions, {args.concurrency} at "
             "a time (greedy, seeded sampled, some abandoned mid-stream, some refused), on "
             "a KV cache of 24 x 32 slots (the scheduler preempts); latencies over the "
-            "completed requests.",
+            "completed requests. Without speculation the requests with `logprobs` are not "
+            "refused: they complete.",
         ],
     )
 

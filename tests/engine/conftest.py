@@ -44,6 +44,25 @@ def pair_dirs(tmp_path_factory):
     return {"target": str(target), "drafter": str(drafter), "dflash": str(dflash)}
 
 
+SERVED_NAME = "toy"
+
+
+def server_args(*extra: str) -> list[str]:
+    """vLLM's OpenAI server options for the toy target (float32, eager, seeded)."""
+    return [
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--seed",
+        "0",
+        *extra,
+    ]
+
+
 def make_llm(pair_dirs, speculative_config=None, **kwargs):
     from vllm import LLM
 

@@ -17,11 +17,10 @@ import requests
 
 from vllm_dominotree.evaluation.server import ApiServer, ServerError, log_tail, sse_events
 
-from .conftest import MAX_MODEL_LEN, greedy
+from .conftest import MAX_MODEL_LEN, SERVED_NAME, greedy, server_args
 
 pytestmark = pytest.mark.slow
 
-SERVED_NAME = "toy"
 STARTUP_TIMEOUT_S = 240
 REQUEST_TIMEOUT_S = 120
 MAX_TOKENS = 40
@@ -75,20 +74,7 @@ def server(pair_dirs, tmp_path_factory, request):
     """One server per scorer; every test below runs against each."""
     root = tmp_path_factory.mktemp("server")
     spec = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": request.param}
-    args = [
-        "--served-model-name",
-        SERVED_NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--enable-log-requests",
-        "--speculative-config",
-        json.dumps(spec),
-    ]
+    args = server_args("--enable-log-requests", "--speculative-config", json.dumps(spec))
     server = Server.start(
         pair_dirs["target"], root / "server.log", args, env={"VLLM_CPU_KVCACHE_SPACE": "1"}
     )

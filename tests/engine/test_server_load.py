@@ -19,11 +19,10 @@ import pytest
 from vllm_dominotree.evaluation.load import mixed_load, run_load
 from vllm_dominotree.evaluation.server import ApiServer, ServerError, log_tail
 
-from .conftest import MAX_MODEL_LEN
+from .conftest import SERVED_NAME, server_args
 
 pytestmark = pytest.mark.slow
 
-SERVED_NAME = "toy"
 VOCAB = 60  # the toy target's ordinary tokens
 CONCURRENCY = 64
 REQUESTS = 96
@@ -34,20 +33,7 @@ KV_ARGS = ["--num-gpu-blocks-override", "24", "--block-size", "32", "--max-num-s
 
 
 def start(pair_dirs, log, speculative: dict | None) -> ApiServer:
-    args = [
-        "--served-model-name",
-        SERVED_NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--max-num-batched-tokens",
-        "256",
-        *KV_ARGS,
-    ]
+    args = server_args("--max-num-batched-tokens", "256", *KV_ARGS)
     if speculative:
         args += ["--speculative-config", json.dumps(speculative)]
     return ApiServer.start(pair_dirs["target"], log, args, env={"VLLM_CPU_KVCACHE_SPACE": "1"})

@@ -216,41 +216,12 @@ class DeviceTreeBuilder:
         slot = torch.where(new_expanded, new_node, self.slots)
         child_logprobs[rows, slot] = new_logprobs
         child_tokens[rows, slot] = new_tokens
-        owed = spine_tip == new_node  # the spine's next node: popped without a push
-        next_rank[rows, slot] = torch.where(owed, self.scorer.max_children, 0)
+        spine_next = spine_tip == new_node  # the spine's next node: popped without a push
+        next_rank[rows, slot] = torch.where(spine_next, self.scorer.max_children, 0)
         push_seq[rows, slot] = record_seq
-        return self._pop_rows(
-            tokens,
-            parents,
-            depths,
-            scores,
-            child_logprobs,
-            child_tokens,
-            next_rank,
-            push_seq,
-            count,
-            spine_tip,
-            pop_seq,
-        )
 
-    def _pop_rows(
-        self,
-        tokens,
-        parents,
-        depths,
-        scores,
-        child_logprobs,
-        child_tokens,
-        next_rank,
-        push_seq,
-        count,
-        spine_tip,
-        seq,
-    ):
-        """One pop for every request ([p, slots + 1] tensors, updated in place) ->
-        the new node's slot, parent, token, depth, and whether it needs children."""
+        # The pop: the best offer of every row's frontier (ties: the earliest push).
         shape, c, slots = self.shape, self.scorer.max_children, self.slots
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
         offered = next_rank[:, :slots] < c
         rank = next_rank[:, :slots].clamp(max=c - 1)
         offer = scores[:, :slots] + child_logprobs[:, :slots].gather(2, rank[..., None])[..., 0]
@@ -272,7 +243,7 @@ class DeviceTreeBuilder:
         # The popped offer gives way to the parent's next child (rank c: none left).
         sibling_slot = torch.where(pop, parent, slots)
         next_rank[rows, sibling_slot] = rank + 1
-        push_seq[rows, sibling_slot] = seq
+        push_seq[rows, sibling_slot] = pop_seq
         count += pop
         spine_tip.copy_(
             torch.where(owed & pop, torch.where(depth < shape.max_depth, node, -1), spine_tip)
