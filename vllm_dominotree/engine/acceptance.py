@@ -69,7 +69,7 @@ def draw_targets(
         rows = torch.cat([torch.arange(*row_ranges[r], device=logits.device) for r in generators])
         seeds = torch.cat(
             [
-                torch.full((row_ranges[r][1] - row_ranges[r][0],), g.initial_seed())
+                torch.full((row_ranges[r][1] - row_ranges[r][0],), _as_int64(g.initial_seed()))
                 for r, g in generators.items()
             ]
         ).to(logits.device)
@@ -82,6 +82,11 @@ def draw_targets(
 _GOLDEN = 0x9E3779B97F4A7C15 - 2**64
 _MIX1 = 0xBF58476D1CE4E5B9 - 2**64
 _MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _as_int64(seed: int) -> int:
+    """A generator's seed (0 .. 2**64 - 1) as the int64 with the same bits."""
+    return seed - 2**64 if seed >= 2**63 else seed
 
 
 def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
