@@ -16,7 +16,8 @@ per verification step, from vLLM's spec-decode counters). Per dataset and method
 accept length, decode tokens/s, speedup over no-spec from the same run with a paired
 bootstrap 95% interval over prompts; with several sets, a row over all prompts; and the
 paper's head-to-head, conditional-16 over marginal. `--profile` (offline) adds the
-plugin's stage clock: ms per verification step in verify, accept, draft and build.
+plugin's stage clock: ms per verification step in prepare, verify, accept, draft and
+build.
 harness.json, harness.md and harness.png under --out are rewritten after every method,
 so a run cut short keeps what it finished.
 
@@ -92,7 +93,7 @@ class OfflineRunner:
 
     def counters(self) -> dict[str, float]:
         """vLLM's spec-decode counters; with --profile also the tree runner's verification
-        steps and seconds per stage (engine/profiling.py)."""
+        steps and seconds per stage (stage_clock.py)."""
         drafts, accepted = spec_counters(self.llm)
         values = {"drafts": drafts, "accepted": accepted}
         if self.profile:
@@ -372,7 +373,7 @@ def report(results: dict[str, dict[str, list[dict]]], args) -> str:
         ]
     profiled = [r for r in rows if "stage_ms_per_step" in r]
     if profiled:
-        stages = ("verify", "accept", "draft", "build", "step")
+        stages = ("prepare", "verify", "accept", "draft", "build", "step")
         outro = (outro or []) + ["", "Stage clock (--profile), ms per verification step:", ""]
         outro += markdown_table(
             ["dataset", "method", *stages, "leaves per tree"],

@@ -74,8 +74,9 @@ def test_a_run_reports_accept_length_speedup_and_a_plot(pair_dirs, tmp_path):
     assert all(r["steps"] > 0 and r["verify_s"] > 0 and r["build_s"] > 0 for r in records)
     assert "stage_ms_per_step" not in rows["no-spec"]
     stages = tree["stage_ms_per_step"]
-    assert set(stages) == {"verify", "accept", "draft", "build", "step"}
-    assert sum(stages[k] for k in ("verify", "accept", "draft", "build")) < stages["step"]
+    assert set(stages) == {"prepare", "verify", "accept", "draft", "build", "step"}
+    parts = ("prepare", "verify", "accept", "draft", "build")
+    assert sum(stages[k] for k in parts) < stages["step"]
     assert tree["leaves_per_tree"] > 1.0
     table = harness.report(results, args)
     assert "conditional-16" in table and (args.out / "harness.md").read_text() == table

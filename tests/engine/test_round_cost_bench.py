@@ -49,7 +49,7 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             assert (TOKENS - 1) / 16 <= r["rounds"] <= TOKENS - 1, r
         if r["method"] in ("chain", "marginal", "conditional"):
             split = r["profiled_ms"]
-            assert set(split) == {"verify", "accept", "draft", "build", "rest"}
+            assert set(split) == {"prepare", "verify", "accept", "draft", "build", "rest"}
             assert all(split[k] > 0 for k in ("verify", "draft", "build")), split
             # The traced pass counted per step (zeros here: no CUDA on this machine).
             assert set(r["per_step"]) == {
@@ -58,6 +58,10 @@ def test_round_cost_bench_runs_every_method(tmp_path):
                 "host_waits",
                 "memcpy_async",
             }
+            # and the host's ms per stage (profiler ranges), inside the step's.
+            host = r["host_ms_per_step"]
+            assert all(host[k] > 0 for k in ("prepare", "verify", "draft", "build", "step"))
+            assert host["draft"] + host["build"] < host["step"], host
         else:
             assert "profiled_ms" not in r
         if r["method"] in PAPER_TAU:
