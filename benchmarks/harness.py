@@ -51,6 +51,14 @@ METHODS = {
     "conditional-16": {"method": "dominotree", "scorer": "conditional", "budget": 16},
     "conditional-32": {"method": "dominotree", "scorer": "conditional", "budget": 32},
 }
+DEFAULT_METHODS = list(METHODS)
+# Budgets below the drafter's block: CPU engines only (speculative.py).
+for _budget in (2, 4, 8):
+    METHODS[f"conditional-{_budget}"] = {
+        "method": "dominotree",
+        "scorer": "conditional",
+        "budget": _budget,
+    }
 
 
 def spec_counters(llm) -> tuple[float, float]:
@@ -399,7 +407,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--mode", choices=["offline", "server"], default="offline")
     parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "math500"])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
     parser.add_argument("--max-new-tokens", type=int, default=2048)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--limit", type=int, help="first N conversations of each dataset")

@@ -76,12 +76,14 @@ class DominoTreeConfig:
             )
 
     def tree_shape(self, num_drafts: int) -> TreeShape:
-        """The builder's limits for a drafter with `num_drafts` drafts per block."""
+        """The builder's limits for a drafter with `num_drafts` drafts per block. A tree of
+        `budget` nodes reaches depth `budget` at most, so the drafts past it are never
+        scored (the proposer computes no logits for them)."""
         if self.scorer == "chain":
             return TreeShape(budget=num_drafts, max_depth=num_drafts, max_children=1)
         return TreeShape(
             budget=self.budget,
-            max_depth=num_drafts,
+            max_depth=min(num_drafts, self.budget),
             max_children=self.max_children or self.budget,
             spine=self.spine,
         )

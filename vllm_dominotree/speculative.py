@@ -3,7 +3,9 @@
 vLLM 0.32 accepts only its own method names. The user's speculative config is
 translated before vLLM builds its config (in process 0): vLLM sees a DFlash drafter
 with `num_speculative_tokens` = the tree's node budget (so the scheduler reserves one
-verification row per node and the drafter's query slots), the DominoTree options travel
+verification row per node and the drafter's query slots; a budget below the drafter's
+block still reserves the block's slots, and the proposer then schedules `budget`
+drafts per request, on CPU only), the DominoTree options travel
 in `additional_config["dominotree"]`, and the workers use the plugin's worker class.
 Everything is validated here, so mistakes fail at startup with a message naming the
 key, not inside a worker.
@@ -24,7 +26,9 @@ ADDITIONAL_CONFIG_KEY = "dominotree"
 VLLM_KEYS = {"method", "model", "num_speculative_tokens"}
 
 
-def translate(speculative_config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def translate(
+    speculative_config: dict[str, Any], on_cpu: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The user's `{"method": "dominotree", "model": ..., <options>}` ->
     (vLLM speculative config, DominoTree options for additional_config)."""
     options = {k.replace("-", "_"): v for k, v in speculative_config.items()}
@@ -45,11 +49,13 @@ def translate(speculative_config: dict[str, Any]) -> tuple[dict[str, Any], dict[
     shape = config.tree_shape(spec.num_drafts)
     # The drafter's query block (anchor + masks, block_size slots) is written into the
     # slots vLLM reserves for drafting: num_speculative_tokens + 1 of them.
-    if shape.budget + 1 < spec.block_size:
+    reserved = max(shape.budget, spec.block_size - 1)
+    if reserved > shape.budget and not on_cpu:
         raise DominoTreeConfigError(
             f"budget {shape.budget} is below the drafter's block size {spec.block_size} "
-            f"minus one; vLLM reserves the drafter's slots from the budget, so use "
-            f"budget >= {spec.block_size - 1}"
+            "minus one, which only the CPU engine supports: on CUDA vLLM's decode graphs "
+            "replay 1 + num_speculative_tokens rows per request and the drafter's block "
+            f"needs that many reserved slots; use budget >= {spec.block_size - 1}"
         )
     requested = options.get("num_speculative_tokens")
     if requested is not None and requested != shape.budget:
@@ -58,7 +64,7 @@ def translate(speculative_config: dict[str, Any]) -> tuple[dict[str, Any], dict[
             f"{shape.budget}; leave num_speculative_tokens out (it is the budget) or set "
             "'budget' instead"
         )
-    vllm_config = {"method": "dflash", "model": drafter, "num_speculative_tokens": shape.budget}
+    vllm_config = {"method": "dflash", "model": drafter, "num_speculative_tokens": reserved}
     return vllm_config, asdict(config)
 
 

@@ -12,6 +12,7 @@ import pytest
 from vllm_dominotree.config import DominoTreeConfigError
 from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
 from vllm_dominotree.patches.engine_args import check_engine_config
+from vllm_dominotree.speculative import translate
 
 from .conftest import PROMPTS, dominotree, greedy, make_llm
 
@@ -23,7 +24,6 @@ from .conftest import PROMPTS, dominotree, greedy, make_llm
         ({"budgett": 16}, "unknown DominoTree option(s) ['budgett']"),
         ({"budget": 0}, "budget must be a positive integer"),
         ({"budget": 100}, "budget 100 is over 64"),
-        ({"budget": 5}, "budget >= 7"),
         ({"candidates": "many"}, "candidates must be a positive integer"),
         ({"num_speculative_tokens": 9}, "contradicts the tree's node budget 16"),
         ({"spine": "yes"}, "spine must be true or false"),
@@ -33,6 +33,14 @@ def test_bad_options(pair_dirs, options, message):
     with pytest.raises(DominoTreeConfigError) as err:
         make_llm(pair_dirs, dominotree(pair_dirs, **options))
     assert message in str(err.value)
+
+
+def test_a_budget_below_the_block_is_cpu_only(pair_dirs):
+    """CPU engines take it (test_generate.py); on CUDA it is refused at startup."""
+    config = dominotree(pair_dirs, budget=5)
+    assert translate(config, on_cpu=True)[0]["num_speculative_tokens"] == 7  # the block
+    with pytest.raises(DominoTreeConfigError, match="only the CPU engine supports"):
+        translate(config, on_cpu=False)
 
 
 def test_conditional_needs_domino(pair_dirs):

@@ -92,6 +92,24 @@ def test_other_scorers_are_lossless(other_scorer, expected):
         assert stats["mean_leaves"] > 2.0, stats
 
 
+def test_budget_below_the_drafters_block_on_cpu(pair_dirs, expected):
+    """A budget under the drafter's block (8 here): vLLM still reserves the block's slots
+    for the drafter, the scheduler verifies 1 + budget rows per request, and the output
+    is the target's own."""
+    llm = make_llm(pair_dirs, dominotree(pair_dirs, budget=3))
+    try:
+        assert greedy(llm) == expected
+        metrics = spec_metrics(llm)
+        stats = tree_stats(llm)
+    finally:
+        shutdown(llm)
+    assert stats["trees"] > 0 and stats["tree_nodes"] == 3 * stats["trees"]
+    assert (
+        metrics["vllm:spec_decode_num_draft_tokens"] == 3 * metrics["vllm:spec_decode_num_drafts"]
+    )
+    assert stats["mean_accept_length"] > 1.5 and stats["mean_leaves"] > 1.0, stats
+
+
 def test_vllm_metrics_agree_with_the_runner(pair_dirs):
     """vLLM's spec-decode counters (drafts, draft tokens, accepted, per position) and the
     plugin's own figures in LLM.get_metrics() (metrics.py) must tell the same story as

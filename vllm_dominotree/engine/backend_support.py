@@ -16,9 +16,9 @@ FEATURES = {
     "attention sinks": lambda impl: getattr(impl, "sinks", None) is not None,
     "a quantized KV cache": lambda impl: impl.kv_cache_dtype != "auto",
 }
-# The CPU backend reruns vLLM's own kernel per path, which handles the rest itself.
-CPU_LACKS = ("encoder attention", "ALiBi")
-CUDA_LACKS = tuple(FEATURES)  # the Triton fix-up implements plain causal attention only
+# The rows a tree changes are recomputed by the plugin's own attention (a Triton fix-up
+# on CUDA, a masked SDPA on CPU), which implements plain causal attention only.
+TREE_LACKS = tuple(FEATURES)
 
 
 def check_supported(impl, lacks: tuple[str, ...], backend: str) -> None:

@@ -1,72 +1,200 @@
 """Tree verification on CPU (the CPU_ATTN backend, vLLM 0.32).
 
-After the stock kernel has run, each root-to-leaf path of a branching tree is recomputed
-with the same kernel, causally, after temporarily writing the path's K/V into the slots
-start .. start + depth; the canonical slots are restored at the end. Reusing the kernel
-keeps every ISA-specific cache layout, sliding window and soft cap it supports; the cost
-is one kernel call per leaf. What the calls need besides the layer's own tensors (row
-indices, slots, lengths, the kernel's schedule) is the same for every layer of a step,
-so it is built once per step (`_PathCall`).
+vLLM's kernel runs first over every row, causally: right for the roots, for chains and
+for every row outside trees, and it writes every row's K/V into its linear slot. Then,
+per branching tree, the rows whose ancestor set is not their causal prefix (`needs_fix`)
+are recomputed in one masked attention: their queries against the request's cached
+sequence up to the tree's last row, each row seeing the prefix, the root and its own
+ancestors. One attention per tree and layer, whatever the number of leaves.
 
-The CPU cache layout depends on the ISA, so accepted paths are not moved slot to slot
-inside it: the backend keeps a copy of the step's K/V rows per layer (`captured_kv`),
-which commit.py rewrites into the path's new slots with the backend's own writer.
+The cache is read in place: its layout depends on the ISA (the vector ISAs store a
+block's keys transposed), so it is not assumed but probed once per geometry with the
+backend's own writer (`probe_layout`). What the recomputation needs besides the layer's
+tensors (blocks, rows, mask) is the same for every layer of a step and is built once
+per step (`TreeFix`).
+
+Accepted paths are not moved slot to slot inside the ISA's layout either: the backend
+keeps a copy of the step's K/V rows per layer (`captured_kv`), which commit.py rewrites
+into the path's new slots with the backend's own writer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 
+import numpy as np
 import torch
 from vllm import _custom_ops as ops
-from vllm import envs
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from .backend_support import CPU_LACKS, check_supported
+from .backend_support import TREE_LACKS, check_supported
 from .commit import captured_kv
-from .tree_step import PAD_PARENT, TreeRows, installed
+from .tree_step import TreeRows, installed
 
 
-def _leaf_paths(parents: list[int]) -> list[tuple[list[int], int]]:
-    """Root-to-leaf row paths, each with the index of its first row not already
-    computed by an earlier path (only those rows' outputs are written)."""
-    n = len(parents)
-    has_child = [False] * n
-    for p in parents[1:]:
-        if p >= 0:
-            has_child[p] = True
-    done = [False] * n
-    out = []
-    for leaf in range(n):
-        # Padding rows are never accepted: their causal output is left as it is.
-        if has_child[leaf] or parents[leaf] == PAD_PARENT:
-            continue
-        path, node = [], leaf
-        while node >= 0:
-            path.append(node)
-            node = parents[node]
-        path.reverse()
-        first_new = next(i for i, r in enumerate(path) if not done[r])
-        for r in path:
-            done[r] = True
-        out.append((path, first_new))
-    return out
+@dataclass(frozen=True)
+class CacheLayout:
+    """Where the backend's writer puts a block's keys and values: for element (head h,
+    slot t, dim d) its offset among the block's raw elements (a layer's cache is
+    [num_blocks, kv_heads, block_size, 2 * head_size]), and the same offsets as
+    (base, head, slot, dim) strides when they are affine (every ISA seen so far)."""
+
+    key_offsets: torch.Tensor  # [H, block_size, D] int64
+    value_offsets: torch.Tensor  # [H, block_size, D] int64
+    key_strides: tuple[int, int, int, int] | None
+    value_strides: tuple[int, int, int, int] | None
+
+    def read(
+        self, kv_cache: torch.Tensor, blocks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys (transposed) and values of `blocks`, [n, H, D, block_size] and
+        [n, H, block_size, D]: views of one copy of the blocks in the cache's own layout
+        (the vector ISAs store keys transposed, so the scores need no transpose)."""
+        heads, block_size, dims = self.key_offsets.shape
+        per_block = kv_cache[0].numel()
+        n = len(blocks)
+        if self.key_strides is None or self.value_strides is None:
+            picked = kv_cache.view(-1)[blocks[:, None, None, None] * per_block + self.key_offsets]
+            keys = picked.transpose(2, 3)
+            values = kv_cache.view(-1)[blocks[:, None, None, None] * per_block + self.value_offsets]
+            return keys, values
+        raw = kv_cache.view(kv_cache.shape[0], per_block).index_select(0, blocks)
+        kb, kh, kt, kd = self.key_strides
+        vb, vh, vt, vd = self.value_strides
+        keys = raw.as_strided((n, heads, dims, block_size), (per_block, kh, kd, kt), kb)
+        values = raw.as_strided((n, heads, block_size, dims), (per_block, vh, vt, vd), vb)
+        return keys, values
+
+
+def _affine(offsets: torch.Tensor) -> tuple[int, int, int, int] | None:
+    base = int(offsets[0, 0, 0])
+    heads, slots, dims = offsets.shape
+    sh = int(offsets[1, 0, 0]) - base if heads > 1 else 0
+    st = int(offsets[0, 1, 0]) - base if slots > 1 else 0
+    sd = int(offsets[0, 0, 1]) - base if dims > 1 else 0
+    h, t, d = torch.arange(heads), torch.arange(slots), torch.arange(dims)
+    fitted = base + sh * h[:, None, None] + st * t[None, :, None] + sd * d[None, None, :]
+    return (base, sh, st, sd) if torch.equal(fitted, offsets) else None
+
+
+@cache
+def probe_layout(
+    isa: str, dtype: torch.dtype, heads: int, block_size: int, head_size: int
+) -> CacheLayout:
+    """Write numbered keys (then values) into block 1 of a scratch cache with the
+    backend's own writer and read back where each number landed. Numbers go in base-128
+    digits, one pass per digit, so that every cache dtype holds them exactly."""
+    count = block_size * heads * head_size
+    ids = torch.arange(count).view(block_size, heads, head_size)  # the writer's [T, H, D]
+    digits = max(1, int(np.ceil(np.log(count) / np.log(128))))
+    offsets = {}
+    for which in ("key", "value"):
+        landed, number = None, torch.zeros(heads * block_size * 2 * head_size, dtype=torch.int64)
+        for digit in range(digits):
+            cache = torch.full((2, heads, block_size, 2 * head_size), -1.0, dtype=dtype)
+            key_cache, value_cache = cache.view(2, heads, 2 * block_size, head_size).chunk(2, 2)
+            numbered = ((ids >> (7 * digit)) & 127).to(dtype)
+            blank = torch.full_like(numbered, -1.0)
+            key, value = (numbered, blank) if which == "key" else (blank, numbered)
+            slots = torch.arange(block_size, 2 * block_size)
+            ops.cpu_attn_reshape_and_cache(
+                key, value, key_cache, value_cache, slots, isa,
+                k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
+            )  # fmt: skip
+            raw = cache[1].reshape(-1)
+            here = raw >= 0
+            if landed is not None and not torch.equal(here, landed):
+                landed = None
+                break
+            landed = here
+            number[here] += raw[here].long() << (7 * digit)
+        at = torch.nonzero(landed).view(-1) if landed is not None else torch.empty(0)
+        found = torch.full((count,), -1, dtype=torch.int64)
+        if len(at) == count:
+            found[number[at]] = at
+        if len(at) != count or (found < 0).any():
+            raise NotImplementedError(
+                f"dominotree: the CPU attention cache of ISA {isa!r} ({dtype}) does not store "
+                "the keys and values as plain copies; tree verification cannot read it"
+            )
+        offsets[which] = found.view(block_size, heads, head_size).permute(1, 0, 2).contiguous()
+    k, v = offsets["key"], offsets["value"]
+    return CacheLayout(k, v, _affine(k), _affine(v))
 
 
 @dataclass
-class _PathCall:
-    """One root-to-leaf path's kernel call, for every layer of a step."""
+class TreeFix:
+    """One branching tree's recomputed rows, the same for every layer of a step."""
 
-    rows: torch.Tensor  # [depth] batch rows of the path, root first
-    slots: torch.Tensor  # [depth] the slots start .. start + depth - 1
-    new_rows: torch.Tensor  # the path's rows not computed by an earlier path
-    query_start: torch.Tensor  # [0, len(new_rows)]
-    seq_len: torch.Tensor  # [start + depth]
-    schedule: torch.Tensor
+    rows: torch.Tensor  # [F] forward rows whose output is replaced
+    blocks: torch.Tensor  # [n] the request's blocks holding positions 0 .. length - 1
+    length: int  # the root's position + the tree's rows
+    mask: torch.Tensor  # [F, length] bool: what each recomputed row sees
+    _bias: dict = field(default_factory=dict)  # per query-head group: the mask as a bias
+
+    def bias(self, group: int, block_size: int) -> torch.Tensor:
+        """[n, 1, group * F, block_size] float32: 0 where a row sees a slot, -inf where
+        it does not (and past the sequence), laid out as the blocks' scores."""
+        if group not in self._bias:
+            rows = len(self.rows)
+            flat = torch.full((group * rows, len(self.blocks) * block_size), float("-inf"))
+            flat[:, : self.length].masked_fill_(self.mask.repeat(group, 1), 0.0)
+            blocks = flat.view(group * rows, len(self.blocks), block_size).transpose(0, 1)
+            self._bias[group] = blocks[:, None].contiguous()
+        return self._bias[group]
 
 
-# The kernel calls of the current step's paths (step, then per geometry and tree).
-_path_calls: dict = {"step": None}
+def tree_fix(
+    tree: TreeRows,
+    needs_fix: np.ndarray,  # [n] bool, per row of the tree
+    ancestors: np.ndarray,  # [n] int64 ancestor bits (tree_step.py)
+    block_table: torch.Tensor,  # [max_blocks] the request's row of the block table
+    block_size: int,
+) -> TreeFix | None:
+    if not needs_fix.any():
+        return None
+    n = tree.num_rows
+    length = tree.start + n
+    mask = np.ones((int(needs_fix.sum()), length), dtype=bool)
+    # Row j of the tree sits at position start + j; bit j - 1 says "is an ancestor".
+    mask[:, tree.start + 1 :] = (ancestors[needs_fix, None] >> np.arange(n - 1)[None, :]) & 1
+    rows = torch.from_numpy(np.nonzero(needs_fix)[0] + tree.token_row)
+    blocks = block_table[: -(-length // block_size)].long()
+    return TreeFix(rows, blocks, length, torch.from_numpy(mask))
+
+
+def recompute_rows(
+    query: torch.Tensor,  # [tokens, heads, D]
+    kv_cache: torch.Tensor,  # [num_blocks, kv_heads, block_size, 2 * D], rows written
+    output: torch.Tensor,  # [tokens, heads * D] or [tokens, heads, D]
+    fixes: list[TreeFix],
+    layout: CacheLayout,
+    scale: float,
+) -> None:
+    """Overwrite the fixed rows' outputs with their ancestor-only attention, computed
+    block by block of the request's cache (float32 scores and sums): the softmax runs
+    over the blocks and their slots at once, so no block is copied into one sequence."""
+    heads, dims = query.shape[1], query.shape[2]
+    kv_heads = kv_cache.shape[1]
+    group = heads // kv_heads
+    for fix in fixes:
+        keys_t, values = layout.read(kv_cache, fix.blocks)  # [n, Hk, D, bs], [n, Hk, bs, D]
+        rows = len(fix.rows)
+        # Query head h * group + g reads KV head h: [Hk, group * F, D], rows g-major.
+        q = query[fix.rows].float().view(rows, kv_heads, group, dims)
+        q = q.permute(1, 2, 0, 3).reshape(kv_heads, group * rows, dims)
+        scores = torch.matmul(q, keys_t.float())  # [n, Hk, group * F, bs]
+        scores.mul_(scale).add_(fix.bias(group, keys_t.shape[-1]))
+        scores.sub_(scores.amax(dim=(0, 3), keepdim=True)).exp_()
+        total = scores.sum(dim=(0, 3))[..., None]  # [Hk, group * F, 1]
+        o = torch.matmul(scores, values.float()).sum(0).div_(total)  # [Hk, group * F, D]
+        o = o.view(kv_heads, group, rows, dims).permute(2, 0, 1, 3).reshape(rows, heads * dims)
+        output[fix.rows] = o.to(output.dtype).view(rows, *output.shape[1:])
+
+
+# The current step's fixes (step, then per attention metadata, i.e. per KV cache group).
+_step_fixes: dict = {"step": None}
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -76,96 +204,38 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         step = verification.step if verification is not None else None
         if step is None or attn_metadata is None or layer.layer_name not in verification.layers:
             return out
-        check_supported(self, CPU_LACKS, "CPU")
+        check_supported(self, TREE_LACKS, "CPU")
         rows = step.num_tokens
         captured_kv[layer.layer_name] = (key[:rows].clone(), value[:rows].clone())
-        if _path_calls["step"] is not step:
-            _path_calls.clear()
-            _path_calls["step"] = step
-        for tree in step.branching:
-            self._tree_rows_by_paths(
-                layer, query, key, value, kv_cache, attn_metadata, output, tree
-            )
+        if not step.any_fix:
+            return out
+        if not kv_cache.is_contiguous():
+            raise NotImplementedError("dominotree: CPU tree verification needs a contiguous cache")
+        _, heads, block_size, _ = kv_cache.shape
+        layout = probe_layout(layer.isa, kv_cache.dtype, heads, block_size, self.head_size)
+        fixes = self._fixes(verification, attn_metadata, block_size)
+        recompute_rows(query, kv_cache, output, fixes, layout, self.scale)
         return out
 
-    def _cache_write(self, layer, key, value, key_cache, value_cache, slots) -> None:
-        ops.cpu_attn_reshape_and_cache(
-            key,
-            value,
-            key_cache,
-            value_cache,
-            slots,
-            layer.isa,
-            k_scale=layer._k_scale_float,
-            v_scale=layer._v_scale_float,
-            kv_cache_dtype=self.kv_cache_dtype,
-        )
-
-    def _calls(self, layer, md, tree: TreeRows, dtype: torch.dtype) -> list[_PathCall]:
-        s = tree.token_row
-        calls = []
-        for path, first_new in _leaf_paths(tree.parents):
-            rows = torch.tensor(path, dtype=torch.long) + s
-            depth = len(path)
-            new_rows = rows[first_new:]
-            seq_len = torch.tensor([tree.start + depth], dtype=torch.int32)
-            query_start = torch.tensor([0, len(new_rows)], dtype=torch.int32)
-            schedule = ops.cpu_attn_get_scheduler_metadata(
-                num_reqs=1,
-                num_heads=self.num_heads,
-                num_kv_heads=self.num_kv_heads,
-                head_dim=self.head_size,
-                seq_lens=seq_len,
-                dtype=dtype,
-                query_start_loc=query_start,
-                causal=True,
-                sliding_window_size=self.sliding_window,
-                isa=layer.isa,
-                enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
-                kv_cache_dtype=self.kv_cache_dtype,
-            )
-            slots = md.slot_mapping[s : s + depth].contiguous()
-            calls.append(_PathCall(rows, slots, new_rows, query_start, seq_len, schedule))
-        return calls
-
-    def _tree_rows_by_paths(self, layer, query, key, value, kv_cache, md, output, tree):
-        num_blocks, heads, block_size, _ = kv_cache.shape
-        key_cache, value_cache = kv_cache.view(num_blocks, heads, 2 * block_size, -1).chunk(2, 2)
-        s, e = tree.token_row, tree.token_row + tree.num_rows
-        block_table = md.block_table[tree.batch_index : tree.batch_index + 1]
-        # Layers of one model share the geometry and the step's slot mapping.
-        cache_key = (tree.token_row, self.num_heads, self.head_size, layer.isa)
-        calls = _path_calls.get(cache_key)
-        if calls is None:
-            calls = _path_calls[cache_key] = self._calls(layer, md, tree, query.dtype)
-        for call in calls:
-            self._cache_write(
-                layer, key[call.rows], value[call.rows], key_cache, value_cache, call.slots
-            )
-            q = query[call.new_rows]
-            o = torch.empty_like(q)
-            ops.cpu_attention_with_kv_cache(
-                query=q,
-                key_cache=key_cache,
-                value_cache=value_cache,
-                output=o,
-                query_start_loc=call.query_start,
-                seq_lens=call.seq_len,
-                scale=self.scale,
-                causal=True,
-                alibi_slopes=None,
-                sliding_window=self.sliding_window,
-                block_table=block_table,
-                softcap=self.logits_soft_cap,
-                scheduler_metadata=call.schedule,
-                s_aux=self.sinks,
-                k_scale=layer._k_scale_float,
-                v_scale=layer._v_scale_float,
-                kv_cache_dtype=self.kv_cache_dtype,
-            )
-            output[call.new_rows] = o.view(output[call.new_rows].shape)
-        # Every row's K/V back in its own slot.
-        self._cache_write(layer, key[s:e], value[s:e], key_cache, value_cache, md.slot_mapping[s:e])
+    @staticmethod
+    def _fixes(verification, md, block_size: int) -> list[TreeFix]:
+        step = verification.step
+        if _step_fixes["step"] is not step:
+            _step_fixes.clear()
+            _step_fixes["step"] = step
+        fixes = _step_fixes.get(id(md))
+        if fixes is None:
+            needs_fix = verification.buffers.token_needs_fix.numpy().astype(bool)
+            ancestors = verification.buffers.token_ancestors.numpy()
+            fixes = []
+            for t in step.branching:
+                rows = slice(t.token_row, t.token_row + t.num_rows)
+                table = md.block_table[t.batch_index]
+                fix = tree_fix(t, needs_fix[rows], ancestors[rows], table, block_size)
+                if fix is not None:
+                    fixes.append(fix)
+            _step_fixes[id(md)] = fixes
+        return fixes
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):

@@ -18,7 +18,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAt
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from ..kernels.tree_attention import TreeAttention
-from .backend_support import CUDA_LACKS, check_supported
+from .backend_support import TREE_LACKS, check_supported
 from .tree_step import installed
 
 _KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addresses stay
@@ -37,7 +37,7 @@ class TreeFixupMixin:
         step = verification.step
         if not verification.capturing and (step is None or not step.any_fix):
             return out
-        check_supported(self, CUDA_LACKS, "CUDA")
+        check_supported(self, TREE_LACKS, "CUDA")
         geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
         kernel = _KERNELS.get(geometry)
         if kernel is None:

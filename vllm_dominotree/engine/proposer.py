@@ -32,7 +32,9 @@ class DominoTreeProposer(DFlashProposer):
         self.options = DominoTreeConfig(**vllm_config.additional_config[ADDITIONAL_CONFIG_KEY])
         self.spec = read_spec(self.draft_model_config.model)
         self.shape = self.options.tree_shape(self.spec.num_drafts)
-        self.budget = self.num_speculative_tokens  # verification rows per request - 1
+        self.budget = self.shape.budget  # verification rows per request - 1
+        # Slots vLLM reserves per request: >= the drafter's block (speculative.py).
+        self.reserved = self.num_speculative_tokens
         self.scorer = None
         self.builder: DeviceTreeBuilder | None = None
         self.last_trees: list[DraftTree] = []
@@ -154,7 +156,8 @@ class DominoTreeProposer(DFlashProposer):
         num_rejected_tokens_gpu,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One backbone pass over every request's block: the rows that predict drafts
-        0..K-1 and their marginal logits, [R, K, H] and [R, K, V]."""
+        0..K-1 and their marginal logits, [R, K, H] and [R, K, V], K the deepest a tree
+        can reach (the drafter's drafts per block, or fewer under a small budget)."""
         num_reqs = common_attn_metadata.batch_size()
         context = self.model.combine_hidden_states(target_hidden_states)
         # The query block is block_size slots: the bonus and block_size - 1 masks.
@@ -170,7 +173,7 @@ class DominoTreeProposer(DFlashProposer):
                 num_rejected_tokens_gpu=num_rejected_tokens_gpu,
             )
         finally:
-            self.num_speculative_tokens = self.budget
+            self.num_speculative_tokens = self.reserved
         _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(cad)
         cudagraph_mode, num_input_tokens, num_tokens_across_dp = (
             self._determine_batch_execution_and_padding(num_tokens)
@@ -188,7 +191,7 @@ class DominoTreeProposer(DFlashProposer):
         ):
             block_rows = self.model(**model_kwargs)[:num_tokens]
 
-        first, k = self.spec.first_draft_slot, self.spec.num_drafts
+        first, k = self.spec.first_draft_slot, self.shape.max_depth
         hidden = block_rows.view(num_reqs, self.spec.block_size, -1)[:, first : first + k]
         base_logits = self.model.compute_logits(hidden.reshape(num_reqs * k, -1))
         return hidden, base_logits.view(num_reqs, k, -1)

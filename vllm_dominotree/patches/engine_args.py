@@ -50,7 +50,7 @@ def prepare_engine_args(args: EngineArgs) -> None:
             "speculative method 'dominotree' needs synchronous scheduling (a step's "
             "trees are built from its own acceptance); drop async_scheduling"
         )
-    vllm_spec, options = translate(args.speculative_config)
+    vllm_spec, options = translate(args.speculative_config, on_cpu=current_platform.is_cpu())
     args.speculative_config = vllm_spec
     args.additional_config = {**(args.additional_config or {}), ADDITIONAL_CONFIG_KEY: options}
     args.async_scheduling = False
