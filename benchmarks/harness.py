@@ -47,7 +47,7 @@ METHODS = {
     "no-spec": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4},
     "chain": {"method": "dominotree", "scorer": "chain"},
-    "marginal": {"method": "dominotree", "scorer": "marginal"},
+    "marginal": {"method": "dominotree", "scorer": "marginal", "budget": 16},
     "conditional-16": {"method": "dominotree", "scorer": "conditional", "budget": 16},
     "conditional-32": {"method": "dominotree", "scorer": "conditional", "budget": 32},
 }

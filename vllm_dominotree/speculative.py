@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from .config import DominoTreeConfig, DominoTreeConfigError
+from .config import CPU_BUDGET, DominoTreeConfig, DominoTreeConfigError
 from .drafter.checkpoint import DrafterFormatError, read_spec
 
 METHOD = "dominotree"
@@ -44,7 +44,10 @@ def translate(
         spec = read_spec(drafter)
     except DrafterFormatError as err:
         raise DominoTreeConfigError(f"speculative config 'model': {err}") from err
-    config = DominoTreeConfig.from_dict({k: v for k, v in options.items() if k not in VLLM_KEYS})
+    chosen = {k: v for k, v in options.items() if k not in VLLM_KEYS}
+    if on_cpu:
+        chosen.setdefault("budget", CPU_BUDGET)
+    config = DominoTreeConfig.from_dict(chosen)
     config.check_drafter(spec)
     shape = config.tree_shape(spec.num_drafts)
     # The drafter's query block (anchor + masks, block_size slots) is written into the

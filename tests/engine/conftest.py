@@ -85,7 +85,9 @@ def shutdown(llm) -> None:
 
 
 def dominotree(pair_dirs, **options):
-    return {"method": "dominotree", "model": pair_dirs["drafter"], **options}
+    """The tests' trees are 16 nodes unless they say otherwise (the CPU's default budget
+    is smaller, config.CPU_BUDGET; configs written out in full get it)."""
+    return {"method": "dominotree", "model": pair_dirs["drafter"], "budget": 16, **options}
 
 
 @pytest.fixture(scope="session")

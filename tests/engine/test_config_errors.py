@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dominotree.config import DominoTreeConfigError
+from vllm_dominotree.config import CPU_BUDGET, DominoTreeConfig, DominoTreeConfigError
 from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
 from vllm_dominotree.patches.engine_args import check_engine_config
 from vllm_dominotree.speculative import translate
@@ -41,6 +41,12 @@ def test_a_budget_below_the_block_is_cpu_only(pair_dirs):
     assert translate(config, on_cpu=True)[0]["num_speculative_tokens"] == 7  # the block
     with pytest.raises(DominoTreeConfigError, match="only the CPU engine supports"):
         translate(config, on_cpu=False)
+
+
+def test_the_default_budget_is_per_device(pair_dirs):
+    config = {"method": "dominotree", "model": pair_dirs["drafter"]}
+    assert translate(config, on_cpu=True)[1]["budget"] == CPU_BUDGET
+    assert translate(config, on_cpu=False)[1]["budget"] == DominoTreeConfig().budget == 16
 
 
 def test_conditional_needs_domino(pair_dirs):

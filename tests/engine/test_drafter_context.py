@@ -68,7 +68,7 @@ def reference_commits(reference_models, scorer: str, prompt: list[int]) -> list[
     from vllm_dominotree.reference import ReferenceDecoder
 
     target, drafter = reference_models
-    # DominoTreeConfig's defaults (budget 16, candidates 64) are the engine's defaults.
+    # DominoTreeConfig's defaults (budget 16, candidates 64), as the engine below sets.
     result = ReferenceDecoder(target, drafter, DominoTreeConfig(scorer=scorer)).generate(
         prompt, MAX_TOKENS
     )
@@ -106,7 +106,8 @@ def engine_commits(llm, prompts: list[list[int]]) -> list[list[int]]:
 def test_engine_rounds_match_the_reference_decoder(
     scorer, pair_dirs, drafter_dir, reference_models
 ):
-    llm = make_llm(pair_dirs, {"method": "dominotree", "model": drafter_dir, "scorer": scorer})
+    spec = {"method": "dominotree", "model": drafter_dir, "scorer": scorer, "budget": 16}
+    llm = make_llm(pair_dirs, spec)
     try:
         engine = engine_commits(llm, PROMPTS)
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..config import DominoTreeConfig
+from ..config import CPU_BUDGET, DominoTreeConfig
 from ..drafter import Drafter
 from ..evaluation.datasets import chat_token_ids
 from ..reference import STAGES, ReferenceDecoder
@@ -55,7 +55,9 @@ def main() -> None:
     parser.add_argument("--pair", choices=list(PROMPTS), default="smollm2")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--noise", type=float, default=0.8, help="toy drafter error knob")
-    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument(
+        "--budget", type=int, default=CPU_BUDGET, help="tree nodes (default: the CPU's)"
+    )
     parser.add_argument("--candidates", type=int, default=64)
     parser.add_argument("--no-engine", action="store_true", help="skip the vLLM part")
     parser.add_argument(
