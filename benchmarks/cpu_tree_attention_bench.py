@@ -53,25 +53,54 @@ def case(context: int, shape: str, rows: int, reps: int, gen) -> dict:
     pos = torch.arange(context, context + rows)
     slots = table.long()[pos // BLOCK] * BLOCK + pos % BLOCK
     ops.cpu_attn_reshape_and_cache(
-        torch.randn(rows, KV_HEADS, DIM), torch.randn(rows, KV_HEADS, DIM),
-        key_cache, value_cache, slots, ISA, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
-    )  # fmt: skip
+        torch.randn(rows, KV_HEADS, DIM),
+        torch.randn(rows, KV_HEADS, DIM),
+        key_cache,
+        value_cache,
+        slots,
+        ISA,
+        k_scale=1.0,
+        v_scale=1.0,
+        kv_cache_dtype="auto",
+    )
 
     def stock(n: int):
         seq = torch.tensor([context + n], dtype=torch.int32)
         starts = torch.tensor([0, n], dtype=torch.int32)
         schedule = ops.cpu_attn_get_scheduler_metadata(
-            num_reqs=1, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM, seq_lens=seq,
-            dtype=torch.float32, query_start_loc=starts, causal=True, sliding_window_size=-1,
-            isa=ISA, enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, kv_cache_dtype="auto",
-        )  # fmt: skip
+            num_reqs=1,
+            num_heads=HEADS,
+            num_kv_heads=KV_HEADS,
+            head_dim=DIM,
+            seq_lens=seq,
+            dtype=torch.float32,
+            query_start_loc=starts,
+            causal=True,
+            sliding_window_size=-1,
+            isa=ISA,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+            kv_cache_dtype="auto",
+        )
         out = torch.empty(n, HEADS, DIM)
         return lambda: ops.cpu_attention_with_kv_cache(
-            query=query[:n], key_cache=key_cache, value_cache=value_cache, output=out,
-            query_start_loc=starts, seq_lens=seq, scale=0.125, causal=True, alibi_slopes=None,
-            sliding_window=-1, block_table=table[None], softcap=0.0, scheduler_metadata=schedule,
-            s_aux=None, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
-        )  # fmt: skip
+            query=query[:n],
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=out,
+            query_start_loc=starts,
+            seq_lens=seq,
+            scale=0.125,
+            causal=True,
+            alibi_slopes=None,
+            sliding_window=-1,
+            block_table=table[None],
+            softcap=0.0,
+            scheduler_metadata=schedule,
+            s_aux=None,
+            k_scale=1.0,
+            v_scale=1.0,
+            kv_cache_dtype="auto",
+        )
 
     parents = parents_of(shape, rows, gen)
     depths = [0] * rows

@@ -74,6 +74,8 @@ def speculative_config(method: str, args) -> dict | None:
     spec = METHODS[method]
     if spec is not None and spec["method"] == "dominotree":
         spec = {**spec, "model": str(args.drafter)}
+        if getattr(args, "candidates", None) is not None:
+            spec["candidates"] = args.candidates
     return spec
 
 
@@ -411,6 +413,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=2048)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--limit", type=int, help="first N conversations of each dataset")
+    parser.add_argument("--candidates", type=int, help="DominoTree's M for every tree method")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument(

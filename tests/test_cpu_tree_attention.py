@@ -24,9 +24,16 @@ def write(kv_cache, isa, keys, values, slots):
     num_blocks, heads, block_size, _ = kv_cache.shape
     key_cache, value_cache = kv_cache.view(num_blocks, heads, 2 * block_size, -1).chunk(2, 2)
     ops.cpu_attn_reshape_and_cache(
-        keys, values, key_cache, value_cache, slots, isa,
-        k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
-    )  # fmt: skip
+        keys,
+        values,
+        key_cache,
+        value_cache,
+        slots,
+        isa,
+        k_scale=1.0,
+        v_scale=1.0,
+        kv_cache_dtype="auto",
+    )
 
 
 @pytest.mark.parametrize("isa,dtype,block_size", LAYOUTS)

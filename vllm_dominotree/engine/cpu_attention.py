@@ -99,9 +99,16 @@ def probe_layout(
             key, value = (numbered, blank) if which == "key" else (blank, numbered)
             slots = torch.arange(block_size, 2 * block_size)
             ops.cpu_attn_reshape_and_cache(
-                key, value, key_cache, value_cache, slots, isa,
-                k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
-            )  # fmt: skip
+                key,
+                value,
+                key_cache,
+                value_cache,
+                slots,
+                isa,
+                k_scale=1.0,
+                v_scale=1.0,
+                kv_cache_dtype="auto",
+            )
             raw = cache[1].reshape(-1)
             here = raw >= 0
             if landed is not None and not torch.equal(here, landed):
