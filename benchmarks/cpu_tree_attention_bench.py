@@ -21,7 +21,12 @@ from results_io import command_line, write_results  # benchmarks/ is this script
 from vllm import _custom_ops as ops
 from vllm import envs
 
-from vllm_dominotree.engine.cpu_attention import probe_layout, recompute_rows, tree_fix
+from vllm_dominotree.engine.cpu_attention import (
+    probe_layout,
+    recompute_rows,
+    tree_fix,
+    write_cache,
+)
 from vllm_dominotree.engine.tree_step import TreeRows
 from vllm_dominotree.tree.ancestry import tree_bits
 
@@ -52,17 +57,8 @@ def case(context: int, shape: str, rows: int, reps: int, gen) -> dict:
     query = torch.randn(rows, HEADS, DIM)
     pos = torch.arange(context, context + rows)
     slots = table.long()[pos // BLOCK] * BLOCK + pos % BLOCK
-    ops.cpu_attn_reshape_and_cache(
-        torch.randn(rows, KV_HEADS, DIM),
-        torch.randn(rows, KV_HEADS, DIM),
-        key_cache,
-        value_cache,
-        slots,
-        ISA,
-        k_scale=1.0,
-        v_scale=1.0,
-        kv_cache_dtype="auto",
-    )
+    keys, values = torch.randn(rows, KV_HEADS, DIM), torch.randn(rows, KV_HEADS, DIM)
+    write_cache(kv, ISA, keys, values, slots)
 
     def stock(n: int):
         seq = torch.tensor([context + n], dtype=torch.int32)

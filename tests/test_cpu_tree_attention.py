@@ -11,29 +11,18 @@ import torch
 from vllm import _custom_ops as ops
 
 from vllm_dominotree.engine import cpu_attention
-from vllm_dominotree.engine.cpu_attention import CacheLayout, probe_layout, recompute_rows
+from vllm_dominotree.engine.cpu_attention import (
+    CacheLayout,
+    probe_layout,
+    recompute_rows,
+    write_cache,
+)
 from vllm_dominotree.engine.tree_step import TreeRows
 from vllm_dominotree.tree.ancestry import ancestor_mask, tree_bits
 
 # (ISA, dtype, block size): vLLM picks vec for block sizes that are multiples of 32 on
 # x86 without AMX, vec16 for the others; both run on any x86 CPU.
 LAYOUTS = [("vec", torch.float32, 32), ("vec", torch.bfloat16, 128), ("vec16", torch.float32, 16)]
-
-
-def write(kv_cache, isa, keys, values, slots):
-    num_blocks, heads, block_size, _ = kv_cache.shape
-    key_cache, value_cache = kv_cache.view(num_blocks, heads, 2 * block_size, -1).chunk(2, 2)
-    ops.cpu_attn_reshape_and_cache(
-        keys,
-        values,
-        key_cache,
-        value_cache,
-        slots,
-        isa,
-        k_scale=1.0,
-        v_scale=1.0,
-        kv_cache_dtype="auto",
-    )
 
 
 @pytest.mark.parametrize("isa,dtype,block_size", LAYOUTS)
@@ -48,13 +37,8 @@ def test_layout_reads_back_what_the_writer_stored(isa, dtype, block_size):
     values = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
     kv_cache = torch.zeros(num_blocks, heads, block_size, 2 * dim, dtype=dtype)
     positions = torch.arange(tokens)
-    write(
-        kv_cache,
-        isa,
-        keys,
-        values,
-        blocks[positions // block_size] * block_size + positions % block_size,
-    )
+    slots = blocks[positions // block_size] * block_size + positions % block_size
+    write_cache(kv_cache, isa, keys, values, slots)
     # The strided views and the element offsets they were fitted to give the same.
     generic = CacheLayout(layout.key_offsets, layout.value_offsets, None, None)
     for way in (layout, generic):
@@ -107,7 +91,7 @@ def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
         values = torch.randn(length, kv_heads, dim, generator=gen).to(dtype)
         pos = torch.arange(length)
         slots = tables[t.batch_index].long()[pos // block_size] * block_size + pos % block_size
-        write(kv_cache, isa, keys, values, slots)
+        write_cache(kv_cache, isa, keys, values, slots)
         sequences.append((keys, values))
     output = torch.full((tokens, heads * dim), 7.0, dtype=dtype)
     fixes = []

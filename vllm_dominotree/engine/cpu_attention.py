@@ -78,6 +78,21 @@ def _affine(offsets: torch.Tensor) -> tuple[int, int, int, int] | None:
     return (base, sh, st, sd) if torch.equal(fitted, offsets) else None
 
 
+def write_cache(
+    kv_cache: torch.Tensor,  # [num_blocks, kv_heads, block_size, 2 * D]
+    isa: str,
+    keys: torch.Tensor,  # [T, kv_heads, D]
+    values: torch.Tensor,  # [T, kv_heads, D]
+    slots: torch.Tensor,  # [T]
+) -> None:
+    """vLLM's CPU cache writer on a layer's raw cache (unquantized)."""
+    num_blocks, heads, block_size, _ = kv_cache.shape
+    key_cache, value_cache = kv_cache.view(num_blocks, heads, 2 * block_size, -1).chunk(2, 2)
+    ops.cpu_attn_reshape_and_cache(
+        keys, values, key_cache, value_cache, slots, isa, 1.0, 1.0, kv_cache_dtype="auto"
+    )
+
+
 @cache
 def probe_layout(
     isa: str, dtype: torch.dtype, heads: int, block_size: int, head_size: int
@@ -93,22 +108,10 @@ def probe_layout(
         landed, number = None, torch.zeros(heads * block_size * 2 * head_size, dtype=torch.int64)
         for digit in range(digits):
             cache = torch.full((2, heads, block_size, 2 * head_size), -1.0, dtype=dtype)
-            key_cache, value_cache = cache.view(2, heads, 2 * block_size, head_size).chunk(2, 2)
             numbered = ((ids >> (7 * digit)) & 127).to(dtype)
             blank = torch.full_like(numbered, -1.0)
             key, value = (numbered, blank) if which == "key" else (blank, numbered)
-            slots = torch.arange(block_size, 2 * block_size)
-            ops.cpu_attn_reshape_and_cache(
-                key,
-                value,
-                key_cache,
-                value_cache,
-                slots,
-                isa,
-                k_scale=1.0,
-                v_scale=1.0,
-                kv_cache_dtype="auto",
-            )
+            write_cache(cache, isa, key, value, torch.arange(block_size, 2 * block_size))
             raw = cache[1].reshape(-1)
             here = raw >= 0
             if landed is not None and not torch.equal(here, landed):
