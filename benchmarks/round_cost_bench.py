@@ -138,7 +138,8 @@ def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
             "model": dirs["dflash"],
             "num_speculative_tokens": BLOCK_SIZE - 1,
         }
-    return {"method": "dominotree", "model": dirs["domino"], "scorer": method}
+    # Budget 16 on every device (the CPU's default is smaller): the paper's tree.
+    return {"method": "dominotree", "model": dirs["domino"], "scorer": method, "budget": 16}
 
 
 def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[float, float]:
