@@ -149,7 +149,7 @@ class ReferenceDecoder:
         with clock.stage("draft"):
             hidden = self.drafter.block_hidden(
                 self.embed[anchor], self.embed[spec.mask_token_id], start, context
-            )
+            )[: self.shape.max_depth]  # the depths a tree of the budget can reach
             base_logits = self.lm_head(hidden)
         with clock.stage("build"):
             self.scorer.prepare(hidden[None], base_logits[None])
