@@ -121,7 +121,7 @@ def probe_layout(
             number[here] += raw[here].long() << (7 * digit)
         at = torch.nonzero(landed).view(-1) if landed is not None else torch.empty(0)
         found = torch.full((count,), -1, dtype=torch.int64)
-        if len(at) == count:
+        if len(at) == count and int(number[at].max()) < count:
             found[number[at]] = at
         if len(at) != count or (found < 0).any():
             raise NotImplementedError(
