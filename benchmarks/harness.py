@@ -53,12 +53,10 @@ METHODS = {
 }
 DEFAULT_METHODS = list(METHODS)
 # Budgets below the drafter's block: CPU engines only (speculative.py).
-for _budget in (2, 4, 8):
-    METHODS[f"conditional-{_budget}"] = {
-        "method": "dominotree",
-        "scorer": "conditional",
-        "budget": _budget,
-    }
+METHODS |= {
+    f"conditional-{b}": {"method": "dominotree", "scorer": "conditional", "budget": b}
+    for b in (2, 4, 8)
+}
 
 
 def spec_counters(llm) -> tuple[float, float]:
@@ -74,7 +72,7 @@ def speculative_config(method: str, args) -> dict | None:
     spec = METHODS[method]
     if spec is not None and spec["method"] == "dominotree":
         spec = {**spec, "model": str(args.drafter)}
-        if getattr(args, "candidates", None) is not None:
+        if args.candidates is not None:
             spec["candidates"] = args.candidates
     return spec
 

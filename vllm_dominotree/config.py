@@ -13,7 +13,7 @@ from .tree.builder import TreeShape
 
 SCORERS = ("conditional", "marginal", "chain")
 # The node budget when the user sets none, per device. CUDA: 16, the paper's. CPU: the
-# target is compute-bound, so every verification row costs about 4 ms beside a 61 ms
+# target is compute-bound, so every verification row costs about 3.6 ms beside a 61 ms
 # step of SmolLM2-135M on 2 cores, and budgets 2-4 were the only ones near parity
 # (benchmarks/results/smollm2_cpu_budgets.md).
 CPU_BUDGET = 4

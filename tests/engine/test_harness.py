@@ -43,6 +43,7 @@ def _args(pair_dirs, tmp_path, mode, profile=False):
         mode=mode,
         out=tmp_path / mode,
         profile=profile,
+        candidates=None,
     )
 
 

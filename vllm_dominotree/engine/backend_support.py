@@ -17,7 +17,7 @@ FEATURES = {
     "a quantized KV cache": lambda impl: impl.kv_cache_dtype != "auto",
 }
 # The rows a tree changes are recomputed by the plugin's own attention (a Triton fix-up
-# on CUDA, a masked SDPA on CPU), which implements plain causal attention only.
+# on CUDA, a masked attention in torch on CPU), which implements plain causal attention only.
 TREE_LACKS = tuple(FEATURES)
 
 
