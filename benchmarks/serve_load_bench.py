@@ -18,9 +18,9 @@ benchmarks/round_cost_bench.py does (a random drafter accepts next to nothing) a
 serves them without a tokenizer. On CUDA: --cli serve runs `vllm serve` itself, and
 --kv-cache-gib gives each server a fixed KV cache (vLLM's memory profiler then does not
 run, so other processes may share the GPU). With
---soak-minutes the DominoTree server then takes the same traffic in waves for that long
-while the resident memory of the server and its engine processes is sampled after every
-wave. Writes serve_load.json / serve_load.md (and soak.json / soak.md).
+--soak-minutes each server then takes the same traffic in waves for that long while the
+resident memory of its processes is sampled after every wave (without speculation too:
+what grows in both is vLLM's). Writes serve_load.json / serve_load.md (and soak.json / soak.md).
 """
 
 from __future__ import annotations
@@ -67,20 +67,23 @@ def server_args(args, speculative: dict | None) -> list[str]:
     return out
 
 
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process and all its descendants (Linux /proc), MiB."""
-    total, todo = 0.0, [pid]
+def rss_mib(pid: int) -> dict[str, float]:
+    """Resident memory (MiB) of a process and all its descendants (Linux /proc), by
+    process name (vLLM names its engine process `VLLM::EngineCore`)."""
+    by_name: dict[str, float] = {}
+    todo = [pid]
     while todo:
         p = todo.pop()
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+            name = next(line.split(None, 1)[1] for line in status if line.startswith("Name:"))
+            rss = sum(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+            by_name[name] = by_name.get(name, 0.0) + rss
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):
             continue
-    return total
+    return by_name
 
 
 def main() -> None:
@@ -116,7 +119,7 @@ def main() -> None:
         "dominotree": {"method": "dominotree", "model": args.drafter},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    rows, results, greedy = [], {}, {}
+    rows, results, greedy, soaks = [], {}, {}, {}
     for name, speculative in methods.items():
         log = Path(tempfile.mkdtemp()) / f"server_{name.replace(' ', '_')}.log"
         print(name, "server log:", log, flush=True)
@@ -131,8 +134,8 @@ def main() -> None:
             }
             greedy[name] = {r.request.index: r.tokens for r in got if r.request.kind == "greedy"}
             print(name, json.dumps(results[name]), flush=True)
-            if speculative and args.soak_minutes:
-                soak(server, load, args)
+            if args.soak_minutes:
+                soaks[name] = soak(server, load, args)
         finally:
             server.stop()
         r = results[name]
@@ -189,6 +192,8 @@ def main() -> None:
             + ".",
         ],
     )
+    if soaks:
+        write_soak(args.out, soaks, len(load), args.soak_minutes)
     if differing:
         raise SystemExit(f"greedy outputs differ from no speculation: requests {differing}")
 
@@ -202,42 +207,67 @@ def served_figures(metrics: dict[str, float]) -> dict[str, float]:
     }
 
 
-def soak(server: ApiServer, load, args) -> None:
+def soak(server: ApiServer, load, args) -> list[dict]:
     """The same traffic in waves for --soak-minutes; memory after every wave."""
     samples, end = [], time.monotonic() + 60 * args.soak_minutes
     start = time.monotonic()
     while time.monotonic() < end:
         got, wall = run_load(server.url, SERVED_NAME, load, args.concurrency, 240)
-        completed = sum(r.finish_reason == "length" for r in got)
         samples.append(
             {
                 "minute": (time.monotonic() - start) / 60,
                 "rss_mib": rss_mib(server.proc.pid),
-                "completed": completed,
+                "completed": sum(r.finish_reason == "length" for r in got),
                 "wall_s": wall,
                 "alive": server.alive(),
             }
         )
         print("soak", json.dumps(samples[-1]), flush=True)
-    warm = samples[min(1, len(samples) - 1)]["rss_mib"]  # after the first wave: warmed up
-    peak = max(s["rss_mib"] for s in samples)
-    rows = [
-        [f"{s['minute']:.1f}", f"{s['rss_mib']:.0f}", s["completed"], f"{s['wall_s']:.1f}"]
-        for s in samples
+    return samples
+
+
+def write_soak(out: Path, soaks: dict[str, list[dict]], requests: int, minutes: float) -> None:
+    """One table: each method's memory per process after every wave, and the growth after
+    the first wave (warm-up) and over the second half of the soak."""
+    names = sorted({n for samples in soaks.values() for s in samples for n in s["rss_mib"]})
+    rows, growth = [], {}
+    for method, samples in soaks.items():
+        for s in samples:
+            cells = [f"{s['rss_mib'].get(n, 0):.0f}" for n in names]
+            rows.append(
+                [method, f"{s['minute']:.1f}", *cells, s["completed"], f"{s['wall_s']:.1f}"]
+            )
+        warm, half, last = (
+            samples[min(1, len(samples) - 1)],
+            samples[len(samples) // 2],
+            samples[-1],
+        )
+        growth[method] = {
+            n: {
+                "after_warm_up_mib": last["rss_mib"].get(n, 0) - warm["rss_mib"].get(n, 0),
+                "second_half_mib": last["rss_mib"].get(n, 0) - half["rss_mib"].get(n, 0),
+            }
+            for n in names
+        }
+    lines = [
+        f"- {method}, {n}: {g['after_warm_up_mib']:+.0f} MiB after the first wave, "
+        f"{g['second_half_mib']:+.0f} MiB over the second half"
+        for method, by_name in growth.items()
+        for n, g in by_name.items()
     ]
     write_results(
-        args.out,
+        out,
         "soak",
-        {"command": command_line(), "samples": samples, "warm_mib": warm, "peak_mib": peak},
-        ["minute", "server RSS MiB (all processes)", "completed requests", "wave s"],
+        {"command": command_line(), "samples": soaks, "growth": growth},
+        ["method", "minute", *(f"{n} RSS MiB" for n in names), "completed", "wave s"],
         rows,
         [
-            "# Soak: the DominoTree server under the same mixed traffic (CPU)",
+            "# Soak: each server under the same mixed traffic",
             "",
-            f"`{command_line()}`: waves of {len(load)} requests for {args.soak_minutes} "
-            f"minutes; resident memory of the server and its engine processes after every "
-            f"wave. After the first wave {warm:.0f} MiB, peak {peak:.0f} MiB "
-            f"({peak - warm:+.0f} MiB).",
+            f"`{command_line()}`: waves of {requests} requests for {minutes} minutes per "
+            "server; resident memory of the server's processes (by name) after every wave.",
+            "",
+            *lines,
         ],
     )
 
