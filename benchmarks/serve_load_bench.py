@@ -35,7 +35,7 @@ import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.evaluation.load import mixed_load, run_load, summary
-from vllm_dominotree.evaluation.server import ApiServer
+from vllm_dominotree.evaluation.server import ApiServer, ServerError, log_tail
 
 SERVED_NAME = "bench"
 KV_ARGS = ["--num-gpu-blocks-override", "24", "--block-size", "32", "--max-num-seqs", "64"]
@@ -96,6 +96,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--soak-minutes", type=float, default=0.0)
+    parser.add_argument(
+        "--soak-without-seeded",
+        action="store_true",
+        help="soak waves without seeded requests (vLLM's CPU engine without speculation "
+        "dies on them: it rewinds a CPU generator, which raises)",
+    )
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--shape", help="random target and drafter of this round_cost_bench shape")
     parser.add_argument("--models", type=Path, help="where --shape's models go (default: --out)")
@@ -135,7 +141,8 @@ def main() -> None:
             greedy[name] = {r.request.index: r.tokens for r in got if r.request.kind == "greedy"}
             print(name, json.dumps(results[name]), flush=True)
             if args.soak_minutes:
-                soaks[name] = soak(server, load, args)
+                waves = [r for r in load if r.kind != "seeded" or not args.soak_without_seeded]
+                soaks[name] = soak(server, waves, args)
         finally:
             server.stop()
         r = results[name]
@@ -193,7 +200,8 @@ def main() -> None:
         ],
     )
     if soaks:
-        write_soak(args.out, soaks, len(load), args.soak_minutes)
+        wave = sum(r.kind != "seeded" or not args.soak_without_seeded for r in load)
+        write_soak(args.out, soaks, wave, args.soak_minutes)
     if differing:
         raise SystemExit(f"greedy outputs differ from no speculation: requests {differing}")
 
@@ -223,6 +231,8 @@ def soak(server: ApiServer, load, args) -> list[dict]:
             }
         )
         print("soak", json.dumps(samples[-1]), flush=True)
+        if not server.alive():
+            raise ServerError(f"the server died during the soak:\n{log_tail(server.log)}")
     return samples
 
 
