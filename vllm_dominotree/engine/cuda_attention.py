@@ -1,24 +1,31 @@
-"""Tree verification on CUDA: vLLM's FlashAttention and Triton backends plus a fix-up.
+"""Tree verification on CUDA: vLLM's FlashAttention and Triton backends plus a second
+pass for the tree rows.
 
 The stock kernel runs every row causally, which is exactly right for the rows whose
 ancestors are all the rows before them (roots, chains); then, for the target's layers,
-the Triton tree kernel (kernels/tree_attention.py) recomputes the other tree rows with
-ancestor-only attention from the same paged cache. Both launches read only device
-buffers (the attention metadata and the published step, engine/tree_step.py), so a
-forward captured in a FULL CUDA graph replays them for every step (the runner marks
-graph capture, whose warm-ups compile and whose captures record the launch); in eager
-or piecewise execution a step whose trees need no fix skips the second launch. Both
-backends keep K/V as [blocks, kv heads, slots, 2 * head dim], which the kernel reads
+the other tree rows are recomputed with ancestor-only attention from the same paged
+cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, tree_paths.attention_mode):
+- fixup (default): the Triton tree kernel (kernels/tree_attention.py), both backends;
+- paths: FA3 itself, once more over the step's root-to-leaf path requests
+  (engine/tree_paths.py), so that tree rows round as a chain's rows do (FlashAttention
+  backend only; under evaluation against the bf16 divergence test).
+Both read only device buffers (the attention metadata and the published step,
+engine/tree_step.py), so a forward captured in a FULL CUDA graph replays them for every
+step (the runner marks graph capture, whose warm-ups compile and whose captures record
+the launch); in eager or piecewise execution a step whose trees need no fix skips the
+second pass. Both backends keep K/V as [blocks, kv heads, slots, 2 * head dim], read
 through a [blocks, slots, kv heads, head dim] view.
 """
 
 from __future__ import annotations
 
+import torch
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from ..kernels.tree_attention import TreeAttention
 from .backend_support import TREE_LACKS, check_supported
+from .tree_paths import PathTables, slot_view
 from .tree_step import installed
 
 _KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addresses stay
@@ -38,11 +45,15 @@ class TreeFixupMixin:
         if not verification.capturing and (step is None or not step.any_fix):
             return out
         check_supported(self, TREE_LACKS, "CUDA")
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+        rows = output.view(output.shape[0], self.num_heads, self.head_size)
+        if verification.paths is not None:
+            self.recompute_paths(query, key_cache, value_cache, verification, attn_metadata, rows)
+            return out
         geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
         kernel = _KERNELS.get(geometry)
         if kernel is None:
             kernel = _KERNELS[geometry] = TreeAttention(*geometry)
-        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         buffers = verification.buffers
         kernel(
             query,
@@ -54,13 +65,62 @@ class TreeFixupMixin:
             buffers.token_ancestors,
             buffers.token_needs_fix,
             self.scale,
-            output.view(output.shape[0], self.num_heads, self.head_size),
+            rows,
         )
         return out
 
 
+def attend_paths(
+    query: torch.Tensor,  # [T, H, D]
+    key_cache: torch.Tensor,  # [blocks, page, KVH, D]
+    value_cache: torch.Tensor,
+    tables: PathTables,
+    scale: float,
+    max_query_len: int,
+    rows: torch.Tensor,  # [T, H, D]: the owned rows are overwritten
+    fa_version: int = 3,
+    num_splits: int = 0,
+) -> None:
+    """The path requests' rows through FA3 (pages of one slot), written into `rows`."""
+    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func  # CUDA only
+
+    num_tokens = query.shape[0]
+    path_query = query[tables.query_rows[:num_tokens]]  # [T, H, D]: owned rows first
+    path_out = torch.empty_like(path_query)
+    flash_attn_varlen_func(
+        q=path_query,
+        k=slot_view(key_cache),
+        v=slot_view(value_cache),
+        out=path_out,
+        cu_seqlens_q=tables.query_start,
+        max_seqlen_q=max_query_len,
+        seqused_k=tables.seq_used,
+        max_seqlen_k=tables.max_len,
+        softmax_scale=scale,
+        causal=True,
+        block_table=tables.slot_table,
+        fa_version=fa_version,
+        num_splits=num_splits,
+    )
+    owned = tables.row_owned[:num_tokens, None, None]
+    rows.copy_(torch.where(owned, path_out[tables.row_to_query[:num_tokens]], rows))
+
+
 class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
-    pass
+    def recompute_paths(self, query, key_cache, value_cache, verification, attn_metadata, rows):
+        """The fixed rows once more through FA3, as the queries of the step's path
+        requests (tree_paths.py), written over the stock pass's rows."""
+        attend_paths(
+            query,
+            key_cache,
+            value_cache,
+            verification.paths,
+            self.scale,
+            verification.rows_per_tree,
+            rows,
+            self.vllm_flash_attn_version,
+            attn_metadata.max_num_splits,
+        )
 
 
 class TreeFlashAttentionBackend(FlashAttentionBackend):

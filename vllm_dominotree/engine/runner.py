@@ -34,6 +34,7 @@ from .commit import CpuPathKVMover, drafter_rows_first
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
+from .tree_paths import PathSpec, PathTables, attention_mode, slot_view, split_into_paths
 from .tree_step import TreeStep, TreeStepBuffers, TreeVerification, install, tree_rows
 
 
@@ -151,8 +152,47 @@ class DominoTreeRunnerMixin:
             from ..kernels.kv_move import PathKVMover
 
             self._kv_mover = PathKVMover([forward_context[n].kv_cache for n in names])
+            if attention_mode() == "paths":
+                self._verification.paths = self._path_tables(forward_context[names[0]])
         else:
             self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
+
+    def _path_tables(self, layer) -> PathTables:
+        """DOMINOTREE_CUDA_TREE_ATTENTION=paths: the tables FA3 reads the path requests from,
+        checked against the backend and the cache layout before any graph is captured."""
+        from .cuda_attention import TreeFlashAttentionImpl
+
+        if not isinstance(layer.impl, TreeFlashAttentionImpl) or (
+            layer.impl.vllm_flash_attn_version != 3
+        ):
+            raise ValueError(
+                "dominotree: DOMINOTREE_CUDA_TREE_ATTENTION=paths needs vLLM's "
+                f"FlashAttention backend with FA3; this target runs {type(layer.impl).__name__}"
+                " (float32 models use Triton): unset it or set it to fixup"
+            )
+        slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
+        table = self.input_batch.block_table[self._target_group]
+        return PathTables(
+            max_paths=self.max_num_reqs * self.drafter.budget,
+            max_tokens=self.max_num_tokens,
+            max_len=table.max_num_blocks_per_req * table.block_size,
+            device=self.device,
+        )
+
+    def _publish_paths(self, step: TreeStep | None) -> None:
+        """The step's path requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths)."""
+        tables = self._verification.paths
+        if tables is None:
+            return
+        specs = []
+        for tree in step.branching if step is not None else []:
+            ancestors, needs_fix = self._tree_buffers.host_bits(tree)
+            specs += [
+                PathSpec(tree.batch_index, tree.start, tree.token_row, path, owned)
+                for path, owned in split_into_paths(ancestors, needs_fix)
+            ]
+        table = self.input_batch.block_table[self._target_group]
+        tables.publish(specs, table.block_table.gpu, table.block_size, table.slot_mapping.gpu)
 
     def capture_model(self, *args, **kwargs):
         self._verification.capturing = True
@@ -186,6 +226,7 @@ class DominoTreeRunnerMixin:
             self._step = self._describe_trees(
                 scheduler_output, num_scheduled_tokens, spec_decode_metadata
             )
+            self._publish_paths(self._step)
         self._verification.step = self._step
         if self._step is not None:
             self.positions[: self._step.num_tokens] += self._step.token_delta

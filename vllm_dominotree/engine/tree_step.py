@@ -32,6 +32,7 @@ import torch
 
 from ..tree.ancestry import tree_bits
 from ..tree.builder import DraftTree
+from .tree_paths import PathTables
 
 PAD_PARENT = -2  # a row the scheduler kept beyond its tree: never accepted, never fixed
 
@@ -222,6 +223,11 @@ class TreeStepBuffers:
             any_fix=bool(needs_fix.any()),
         )
 
+    def host_bits(self, tree: TreeRows) -> tuple[np.ndarray, np.ndarray]:
+        """(ancestors, needs_fix) of a published tree's rows, from the host staging."""
+        rows = slice(tree.token_row, tree.token_row + tree.num_rows)
+        return self._host[_TOKEN_ANCESTORS, rows], self._host[_TOKEN_NEEDS_FIX, rows] != 0
+
     @property
     def token_ancestors(self) -> torch.Tensor:
         return self.device_rows[_TOKEN_ANCESTORS]
@@ -241,6 +247,8 @@ class TreeVerification:
     layers: frozenset[str]
     rows_per_tree: int  # budget + 1
     step: TreeStep | None = None
+    # CUDA, DOMINOTREE_CUDA_TREE_ATTENTION=paths: the step's path requests (tree_paths.py).
+    paths: PathTables | None = None
     # While vLLM warms up and captures its graphs, the fix-up launches even with no
     # trees (its rows then return at once), so that graphs contain it.
     capturing: bool = False

@@ -1,0 +1,200 @@
+"""Tree rows as rows of causal "path requests", so that the backend's own kernel (FA3)
+computes them and they round exactly as a chain's rows do.
+
+A tree row must see the committed prefix, the root, its ancestors and itself. Laid out
+in order, that is a causal sequence: the prefix's slots, then the slots of the path's
+nodes from depth 1 to the row's depth. A layer's K/V cache viewed with pages of one slot
+lets one extra call of the stock kernel take any slot list as a request's keys, so every
+root-to-leaf path becomes a request of its own, with no K/V copied. The stock pass over
+the real requests is already right for the rows whose ancestors are their causal prefix
+(the root and the first chain); each path request's queries are only the rows of its
+path that neither that pass nor an earlier path covered, which are always the path's
+last rows (a covered row's ancestors are covered), so every fixed row is computed once.
+
+`split_into_paths` decides this per tree from the step's ancestor bits (tree_step.py).
+`PathTables` holds the device tables one step's path requests are read from (slot table,
+key counts, query starts, which forward rows they recompute); they keep their addresses,
+so a forward captured in a CUDA graph reads each step's paths at replay, and a step
+without paths leaves every request empty (the call then computes nothing).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MODES = ("fixup", "paths")
+
+
+def attention_mode() -> str:
+    """How CUDA tree rows are recomputed (cuda_attention.py): DOMINOTREE_CUDA_TREE_ATTENTION,
+    "fixup" (the Triton tree kernel, default) or "paths" (FA3 over path requests)."""
+    mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "fixup")
+    if mode not in MODES:
+        raise ValueError(f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode!r}; use one of {MODES}")
+    return mode
+
+
+def split_into_paths(ancestors: np.ndarray, needs_fix: np.ndarray) -> list[tuple[list[int], int]]:
+    """ancestors: [n] a tree's rows' ancestor bits (row i >= 1 owns bit i - 1; the root,
+    row 0, has none); needs_fix: [n] bool. Returns one (path, owned) per path request in
+    leaf order: the path's row offsets from depth 1 down to its leaf, of which the last
+    `owned` rows are the request's queries. Every row that needs a fix is owned once."""
+    n = len(ancestors)
+    bits = [int(a) for a in ancestors]
+    below = 0  # bits of rows that are some other row's ancestor
+    for i in range(1, n):
+        below |= bits[i] & ~(1 << (i - 1))
+    covered = [not needs_fix[i] for i in range(n)]
+    out = []
+    for leaf in range(1, n):
+        if below >> (leaf - 1) & 1:
+            continue
+        path = [j for j in range(1, n) if bits[leaf] >> (j - 1) & 1]
+        owned = sum(not covered[j] for j in path)
+        if not owned:
+            continue
+        if any(not covered[j] for j in path[: len(path) - owned]):
+            raise AssertionError(f"dominotree: path {path} has a covered row below a fixed one")
+        for j in path:
+            covered[j] = True
+        out.append((path, owned))
+    return out
+
+
+@dataclass
+class PathSpec:
+    """One path request of a step (host side)."""
+
+    batch_index: int  # the real request's row in the batch (its block table row)
+    root_position: int  # the root's position: the prefix is positions 0 .. root_position
+    first_row: int  # the real request's first row (its root) in the forward
+    path: list[int]  # row offsets from the root, depth 1 .. leaf
+    owned: int  # the path's last `owned` rows are this request's queries
+
+
+class PathTables:
+    """Device tables of a step's path requests, allocated once (addresses stay)."""
+
+    def __init__(self, max_paths: int, max_tokens: int, max_len: int, device: torch.device):
+        self.max_len = max_len
+        # Slots of each path request's keys, in order (pages of one slot).
+        self.slot_table = torch.zeros(max_paths, max_len, dtype=torch.int32, device=device)
+        self.seq_used = torch.zeros(max_paths, dtype=torch.int32, device=device)  # keys
+        self.query_start = torch.zeros(max_paths + 1, dtype=torch.int32, device=device)
+        self.query_rows = torch.zeros(max_tokens, dtype=torch.long, device=device)  # forward rows
+        # Per forward row: recomputed by a path request, and its row among the queries.
+        self.row_owned = torch.zeros(max_tokens, dtype=torch.bool, device=device)
+        self.row_to_query = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.num_queries = 0
+
+    def clear(self) -> None:
+        """No path requests: every request empty, no forward row recomputed."""
+        self.seq_used.zero_()
+        self.query_start.zero_()
+        self.row_owned.zero_()
+        self.num_queries = 0
+
+    def publish(
+        self,
+        specs: list[PathSpec],
+        block_table: torch.Tensor,  # [max_reqs, max_blocks] int32 (device)
+        block_size: int,
+        slot_mapping: torch.Tensor,  # [>= T] the step's slot per forward row (device)
+    ) -> None:
+        self.clear()
+        if not specs:
+            return
+        device = self.seq_used.device
+        if len(specs) > self.seq_used.numel():
+            raise RuntimeError(f"dominotree: {len(specs)} path requests over the tables' room")
+        roots = np.array([s.root_position for s in specs])
+        depths = np.array([len(s.path) for s in specs])
+        width = int((roots + 1 + depths).max())
+        if width > self.max_len:
+            raise RuntimeError(f"dominotree: a path of {width} keys over {self.max_len}")
+        owned = np.array([s.owned for s in specs])
+        path_rows = np.concatenate([s.first_row + np.asarray(s.path) for s in specs])
+        query_rows = np.concatenate([s.first_row + np.asarray(s.path[-s.owned :]) for s in specs])
+        # Where each path node's slot goes: request v, key position root + depth.
+        node_request = np.repeat(np.arange(len(specs)), depths)
+        node_key = np.concatenate(
+            [r + 1 + np.arange(d) for r, d in zip(roots, depths, strict=True)]
+        )
+
+        def on(values, dtype=torch.long):
+            return torch.as_tensor(np.asarray(values), dtype=dtype).to(device, non_blocking=True)
+
+        v = len(specs)
+        position = torch.arange(width, device=device)
+        requests, root = on([s.batch_index for s in specs]), on(roots)
+        pages = block_table[requests][:, position // block_size].long()
+        prefix = pages * block_size + position % block_size  # [V, width]
+        table = torch.where(position[None, :] <= root[:, None], prefix, 0)
+        table[on(node_request), on(node_key)] = slot_mapping[on(path_rows)].long()
+        self.slot_table[:v, :width] = table.to(torch.int32)
+        self.seq_used[:v] = on(roots + 1 + depths, torch.int32)
+        starts = np.concatenate([[0], np.cumsum(owned)])
+        self.query_start[: v + 1] = on(starts, torch.int32)
+        self.query_start[v + 1 :] = int(starts[-1])
+        q = len(query_rows)
+        rows = on(query_rows)
+        self.query_rows[:q] = rows
+        self.row_owned[rows] = True
+        self.row_to_query[rows] = torch.arange(q, device=device)
+        self.num_queries = q
+
+
+def slot_view(cache: torch.Tensor) -> torch.Tensor:
+    """[blocks, page, kv heads, D] -> [blocks * page, 1, kv heads, D]: the same memory as
+    pages of one slot, so that a block table of slots addresses any key sequence."""
+    blocks, page, heads, dim = cache.shape
+    if cache.stride(0) != page * cache.stride(1) or cache.stride(3) != 1:
+        raise NotImplementedError(
+            f"dominotree: the KV cache's strides {tuple(cache.stride())} do not allow a "
+            "one-slot page view (a block's stride must be page x the slot stride); set "
+            "DOMINOTREE_CUDA_TREE_ATTENTION=fixup"
+        )
+    return cache.as_strided(
+        (blocks * page, 1, heads, dim), (cache.stride(1), cache.stride(1), cache.stride(2), 1)
+    )
+
+
+def batch_path_specs(
+    query_start: torch.Tensor,  # [R + 1] each request's first row
+    seq_lens: torch.Tensor,  # [R] keys per request (its rows are the last ones)
+    ancestors: torch.Tensor,  # [T] per row (tree_step.py)
+    needs_fix: torch.Tensor,  # [T]
+    each_row: bool = False,
+) -> list[PathSpec]:
+    """The path requests of a batch described as the attention kernels see it (kernel
+    tests and benchmarks; the runner goes from its trees). each_row: one request per
+    fixed row instead (its own path, itself the only query: one-token decoding of that
+    path, the rounding reference)."""
+    specs = []
+    for r in range(seq_lens.numel()):
+        first, end = int(query_start[r]), int(query_start[r + 1])
+        root = int(seq_lens[r]) - (end - first)
+        bits, fix = ancestors[first:end].cpu().numpy(), needs_fix[first:end].cpu().numpy() != 0
+        if each_row:
+            rows = [i for i in range(end - first) if fix[i]]
+            paths = [([j for j in range(1, i + 1) if bits[i] >> (j - 1) & 1], 1) for i in rows]
+        else:
+            paths = split_into_paths(bits, fix)
+        specs += [PathSpec(r, root, first, path, owned) for path, owned in paths]
+    return specs
+
+
+def batch_slot_mapping(
+    block_table: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor, page: int
+) -> torch.Tensor:
+    """[T] the slot of every row (the request's last rows' positions), as vLLM maps them."""
+    slots = []
+    for r in range(seq_lens.numel()):
+        rows = int(query_start[r + 1]) - int(query_start[r])
+        pos = torch.arange(int(seq_lens[r]) - rows, int(seq_lens[r]), device=block_table.device)
+        slots.append(block_table[r, pos // page].long() * page + pos % page)
+    return torch.cat(slots)
