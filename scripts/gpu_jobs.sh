@@ -73,7 +73,7 @@ case $job in
     if [ -f artifacts/smollm2.gguf.xz ]; then smollm2_target; export DOMINOTREE_SMOLLM2=$work/target; fi
     files=("$@")
     [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_tree_attention_kernel.py
-      tests/gpu/test_device_builder.py tests/gpu/test_engine_gpu.py
+      tests/gpu/test_tree_paths_fa3.py tests/gpu/test_device_builder.py tests/gpu/test_engine_gpu.py
       tests/gpu/test_bf16_divergence.py)
     log=$OUT/gpu_tests.log
     own=()

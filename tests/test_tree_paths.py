@@ -12,6 +12,7 @@ from tree_attention_check import random_case
 
 from vllm_dominotree.engine.tree_paths import (
     PathTables,
+    attention_mode,
     batch_path_specs,
     batch_slot_mapping,
     slot_view,
@@ -113,3 +114,12 @@ def test_a_layout_without_a_uniform_slot_stride_is_refused():
     heads_first = torch.zeros(4, 2, 8, 16).transpose(1, 2)  # [blocks, page, heads, D] view
     with pytest.raises(NotImplementedError, match="one-slot page view"):
         slot_view(heads_first)
+
+
+def test_the_attention_mode_is_checked(monkeypatch):
+    assert attention_mode() == "fixup"
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
+    assert attention_mode() == "paths"
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "fa3")
+    with pytest.raises(ValueError, match="DOMINOTREE_CUDA_TREE_ATTENTION='fa3'; use one of"):
+        attention_mode()

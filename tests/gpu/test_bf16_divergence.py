@@ -142,16 +142,22 @@ def baselines(pair) -> dict:
     return {"want": want, "dflash": diverged(generate(pair, dflash), want, "vLLM dflash")}
 
 
-# chain: every tree is a chain, so no row needs the tree fix-up kernel; conditional: most
-# trees branch. Their difference is what the fix-up's rounding costs.
-@pytest.mark.parametrize("scorer", ["chain", "conditional"])
-def test_first_divergence_no_worse_than_vllm_dflash(pair, baselines, scorer):
+# chain: every tree is a chain, so no row needs a second pass; conditional: most trees
+# branch, their fixed rows recomputed by the Triton fix-up kernel (default) or by FA3 over
+# path requests (DOMINOTREE_CUDA_TREE_ATTENTION=paths, engine/tree_paths.py).
+@pytest.mark.parametrize(
+    "scorer, tree_attention",
+    [("chain", "fixup"), ("conditional", "fixup"), ("conditional", "paths")],
+)
+def test_first_divergence_no_worse_than_vllm_dflash(pair, baselines, scorer, tree_attention):
     config = {
         "method": "dominotree",
         "model": pair["domino"],
         "budget": pair["num_drafts"],
         "scorer": scorer,
     }
-    points = diverged(generate(pair, config), baselines["want"], f"dominotree {scorer}")
+    env = {"DOMINOTREE_CUDA_TREE_ATTENTION": tree_attention}
+    name = f"dominotree {scorer} ({tree_attention})"
+    points = diverged(generate(pair, config, env), baselines["want"], name)
     # No worse: at most DFlash's count, plus one prompt of slack for a single flip.
     assert len(points) <= len(baselines["dflash"]) + 1

@@ -99,3 +99,13 @@ def test_greedy_eager(dirs, expected):
     assert tokens == expected[: len(PROMPTS)]
     assert stats["eager_steps"] == stats["steps"] > 0 and stats["kv_moves"] > 0
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"]
+
+
+def test_paths_attention_refused_without_fa3(dirs, monkeypatch, capfd):
+    """float32 runs on vLLM's Triton backend: FA3 path requests are refused at startup
+    (in the engine's worker, whose message vLLM logs before its own)."""
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
+    config = {"method": "dominotree", "model": str(dirs[1])}
+    with pytest.raises(RuntimeError):
+        generate(dirs, config, enforce_eager=True)
+    assert "needs vLLM's FlashAttention backend with FA3" in capfd.readouterr().err
