@@ -28,31 +28,13 @@ from pathlib import Path
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
-from vllm_dominotree.engine.cuda_attention import attend_paths
-from vllm_dominotree.engine.tree_paths import PathTables, batch_path_specs, batch_slot_mapping
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from tree_attention_check import random_case  # the kernel tests' cases
+from tree_attention_check import paths_output, random_case  # the kernel tests' cases
 
 SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # heads, KV heads, head dim
 ROWS = 17  # budget 16 + the root
-
-
-def through_paths(args, scale: float, each_row: bool) -> torch.Tensor:
-    query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors, needs_fix = args
-    page = key_cache.shape[1]
-    max_len = block_table.shape[1] * page
-    tables = PathTables(query.shape[0], query.shape[0], max_len, query.device)
-    tables.publish(
-        batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row),
-        block_table,
-        page,
-        batch_slot_mapping(block_table, query_start, seq_lens, page),
-    )
-    out = torch.zeros_like(query)
-    attend_paths(query, key_cache, value_cache, tables, scale, ROWS, out)
-    return out
 
 
 def measure(shape: str, context: int, seed: int, requests: int) -> dict:
@@ -72,9 +54,9 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
     scale = head_dim**-0.5
     fixed = needs_fix.bool()
     outputs = {
-        "decode": through_paths(args, scale, each_row=True),
-        "paths": through_paths(args, scale, each_row=False),
-        "fixup": torch.zeros_like(query),
+        "decode": paths_output(args, each_row=True, max_rows=ROWS),
+        "paths": paths_output(args, each_row=False, max_rows=ROWS),
+        "fixup": torch.full_like(query, 7.0),
     }
     TreeAttention(heads, head_dim, ROWS, "cuda")(*args, scale, outputs["fixup"])
     exact = torch.zeros(query.shape, dtype=torch.float32, device="cuda")

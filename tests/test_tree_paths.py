@@ -72,9 +72,8 @@ def varlen_causal(query, key_slots, value_slots, tables: PathTables, scale):
 @pytest.mark.parametrize("each_row", [False, True])
 @pytest.mark.parametrize("seed", range(6))
 def test_path_requests_give_the_tree_attention(seed, each_row):
-    query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors, needs_fix = (
-        random_case("cpu", torch.float32, seed, requests=5, max_context=90)
-    )
+    case = random_case("cpu", torch.float32, seed, requests=5, max_context=90)
+    query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors, needs_fix = case
     page = key_cache.shape[1]
     specs = batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row)
     slot_mapping = batch_slot_mapping(block_table, query_start, seq_lens, page)
@@ -87,18 +86,7 @@ def test_path_requests_give_the_tree_attention(seed, each_row):
     owned = tables.row_owned[: query.shape[0]]
     got[owned] = rows[tables.row_to_query[: query.shape[0]][owned]]
     want = torch.full_like(query, 7.0)
-    tree_attention_reference(
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        query_start,
-        seq_lens,
-        ancestors,
-        needs_fix,
-        scale,
-        want,
-    )
+    tree_attention_reference(*case, scale, want)
     assert torch.equal(owned, needs_fix.bool())
     assert (got - want).abs().max() < 1e-5
     # The next step without paths leaves every request empty.
