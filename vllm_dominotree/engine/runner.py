@@ -34,7 +34,7 @@ from .commit import CpuPathKVMover, drafter_rows_first
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
-from .tree_paths import PathSpec, PathTables, attention_mode, slot_view, split_into_paths
+from .tree_paths import PathTables, attention_mode, request_path_specs, slot_view
 from .tree_step import TreeStep, TreeStepBuffers, TreeVerification, install, tree_rows
 
 
@@ -134,6 +134,14 @@ class DominoTreeRunnerMixin:
         self._verification = TreeVerification(
             self._tree_buffers, self._target_layers, self.drafter.budget + 1
         )
+        if self.device.type == "cuda" and attention_mode() == "paths":
+            # Allocated here, before vLLM measures the memory left for the KV cache.
+            self._verification.paths = PathTables(
+                max_paths=min(self.max_num_reqs * self.drafter.budget, self.max_num_tokens),
+                max_tokens=self.max_num_tokens,
+                max_len=self.max_model_len,
+                device=self.device,
+            )
         install(self._verification)
         self._rank_check = make_rank_check()  # tensor parallelism: the ranks' trees agree
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures
@@ -152,14 +160,14 @@ class DominoTreeRunnerMixin:
             from ..kernels.kv_move import PathKVMover
 
             self._kv_mover = PathKVMover([forward_context[n].kv_cache for n in names])
-            if attention_mode() == "paths":
-                self._verification.paths = self._path_tables(forward_context[names[0]])
+            if self._verification.paths is not None:
+                self._check_paths_backend(forward_context[names[0]])
         else:
             self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
 
-    def _path_tables(self, layer) -> PathTables:
-        """DOMINOTREE_CUDA_TREE_ATTENTION=paths: the tables FA3 reads the path requests from,
-        checked against the backend and the cache layout before any graph is captured."""
+    def _check_paths_backend(self, layer) -> None:
+        """DOMINOTREE_CUDA_TREE_ATTENTION=paths needs FA3 and a cache that a one-slot page
+        view can address: checked before any graph is captured."""
         from .cuda_attention import TreeFlashAttentionImpl
 
         if not isinstance(layer.impl, TreeFlashAttentionImpl) or (
@@ -171,13 +179,6 @@ class DominoTreeRunnerMixin:
                 " (float32 models use Triton): unset it or set it to fixup"
             )
         slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
-        table = self.input_batch.block_table[self._target_group]
-        return PathTables(
-            max_paths=self.max_num_reqs * self.drafter.budget,
-            max_tokens=self.max_num_tokens,
-            max_len=table.max_num_blocks_per_req * table.block_size,
-            device=self.device,
-        )
 
     def _publish_paths(self, step: TreeStep | None) -> None:
         """The step's path requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths)."""
@@ -187,10 +188,9 @@ class DominoTreeRunnerMixin:
         specs = []
         for tree in step.branching if step is not None else []:
             ancestors, needs_fix = self._tree_buffers.host_bits(tree)
-            specs += [
-                PathSpec(tree.batch_index, tree.start, tree.token_row, path, owned)
-                for path, owned in split_into_paths(ancestors, needs_fix)
-            ]
+            specs += request_path_specs(
+                tree.batch_index, tree.start, tree.token_row, ancestors, needs_fix
+            )
         table = self.input_batch.block_table[self._target_group]
         tables.publish(specs, table.block_table.gpu, table.block_size, table.slot_mapping.gpu)
 

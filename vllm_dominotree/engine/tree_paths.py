@@ -163,6 +163,25 @@ def slot_view(cache: torch.Tensor) -> torch.Tensor:
     )
 
 
+def request_path_specs(
+    batch_index: int,
+    root_position: int,
+    first_row: int,
+    ancestors: np.ndarray,  # [n] the request's rows' ancestor bits (tree_step.py)
+    needs_fix: np.ndarray,  # [n] bool
+    each_row: bool = False,
+) -> list[PathSpec]:
+    """One request's path requests. each_row (the rounding reference of the tests and
+    benchmarks): one request per fixed row instead, its own path with itself the only
+    query, i.e. one-token decoding of that path."""
+    if each_row:
+        fixed = [i for i in range(len(ancestors)) if needs_fix[i]]
+        paths = [([j for j in range(1, i + 1) if ancestors[i] >> (j - 1) & 1], 1) for i in fixed]
+    else:
+        paths = split_into_paths(ancestors, needs_fix)
+    return [PathSpec(batch_index, root_position, first_row, path, k) for path, k in paths]
+
+
 def batch_path_specs(
     query_start: torch.Tensor,  # [R + 1] each request's first row
     seq_lens: torch.Tensor,  # [R] keys per request (its rows are the last ones)
@@ -171,20 +190,13 @@ def batch_path_specs(
     each_row: bool = False,
 ) -> list[PathSpec]:
     """The path requests of a batch described as the attention kernels see it (kernel
-    tests and benchmarks; the runner goes from its trees). each_row: one request per
-    fixed row instead (its own path, itself the only query: one-token decoding of that
-    path, the rounding reference)."""
+    tests and benchmarks; the runner goes from its trees)."""
     specs = []
     for r in range(seq_lens.numel()):
         first, end = int(query_start[r]), int(query_start[r + 1])
-        root = int(seq_lens[r]) - (end - first)
         bits, fix = ancestors[first:end].cpu().numpy(), needs_fix[first:end].cpu().numpy() != 0
-        if each_row:
-            rows = [i for i in range(end - first) if fix[i]]
-            paths = [([j for j in range(1, i + 1) if bits[i] >> (j - 1) & 1], 1) for i in rows]
-        else:
-            paths = split_into_paths(bits, fix)
-        specs += [PathSpec(r, root, first, path, owned) for path, owned in paths]
+        root = int(seq_lens[r]) - (end - first)
+        specs += request_path_specs(r, root, first, bits, fix, each_row)
     return specs
 
 
