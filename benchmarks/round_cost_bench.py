@@ -220,6 +220,10 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row["host_ms_per_step"] = {
                     k: v / steps for k, v in trace.get("host_ms", {}).items()
                 }
+                row["per_step_by_stage"] = {
+                    stage: {k: v / steps for k, v in counts.items()}
+                    for stage, counts in trace.get("launches_by_stage", {}).items()
+                }
                 row["trace_calls"] = trace["calls"]
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
             rows.append(row)
@@ -255,6 +259,14 @@ def report(rows: list[dict], args) -> None:
         ]
         host = r.get("host_ms_per_step", {})
         cells.append(", ".join(f"{k} {v:.2f}" for k, v in sorted(host.items())) or "-")
+        by_stage = r.get("per_step_by_stage", {})
+        cells.append(
+            ", ".join(
+                f"{k} {v.get('kernel_launches', 0):.0f}/{v.get('torch_ops', 0):.0f}"
+                for k, v in sorted(by_stage.items())
+            )
+            or "-"
+        )
         ratio = r["ms_per_round"] / dflash[r["batch"]] if r["batch"] in dflash else None
         cells.append(f"{ratio:.2f}x" if ratio else "-")
         proj = r.get("projection")
@@ -281,6 +293,7 @@ def report(rows: list[dict], args) -> None:
         "eager launches/step",
         "host waits/step",
         "host ms/step by stage (traced)",
+        "eager launches / torch ops per step by stage (traced)",
         "vs dflash",
         "projected speedup (paper tau)",
     ]

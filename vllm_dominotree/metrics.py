@@ -46,6 +46,8 @@ COUNTERS = {
     "kv_moves": "accepted paths whose K/V moved to the first verification slots",
     "graph_builds": "tree builds that replayed a captured CUDA graph",
     "eager_builds": "tree builds that ran outside CUDA graphs (CPU, or an uncaptured size)",
+    "graph_accepts": "verification steps whose acceptance and K/V move replayed a CUDA graph",
+    "eager_accepts": "verification steps accepted outside CUDA graphs (sampled, CPU, eager)",
 }
 HISTOGRAMS = {
     "draft_seconds": "drafter backbone pass per step (device time)",

@@ -76,6 +76,9 @@ def test_trace_gives_the_hosts_time_per_stage(conditional, expected):
     assert trace["steps"] > 0
     assert all(host[name] > 0 for name in (*parts, "step")), host
     assert sum(host[name] for name in parts) < host["step"]
+    # The torch ops of every stage are counted in it (CPU: no CUDA launches to count).
+    ops = {stage: counts["torch_ops"] for stage, counts in trace["launches_by_stage"].items()}
+    assert all(ops.get(name, 0) > 0 for name in (*parts, "step")), ops
 
 
 def test_other_scorers_are_lossless(other_scorer, expected):
@@ -85,6 +88,7 @@ def test_other_scorers_are_lossless(other_scorer, expected):
     assert stats["trees"] > 0 and stats["mean_accept_length"] > 1.5
     # CPU: no captured builds; every step's trees were built (at least one per tree step).
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"] > 0
+    assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]
     if scorer == "chain":
         assert stats["sibling_accepts"] == 0 and stats["kv_moves"] == 0
         assert stats["mean_leaves"] == 1.0

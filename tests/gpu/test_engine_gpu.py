@@ -75,6 +75,8 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
     assert stats["full_graph_steps"] > 0.8 * stats["steps"]
     # Every tree came out of the builder's captured graphs (one per padded batch size).
     assert stats["graph_builds"] >= stats["steps"] and stats["eager_builds"] == 0
+    # Greedy: every step's acceptance and K/V move replayed the accept graphs.
+    assert stats["graph_accepts"] >= stats["steps"] and stats["eager_accepts"] == 0
     if scorer == "chain":
         assert stats["sibling_accepts"] == 0 and stats["mean_leaves"] == 1
     else:
@@ -91,6 +93,8 @@ def test_mixed_prefill_and_trees_piecewise(dirs, expected):
     assert tokens == expected
     assert stats["piecewise_steps"] > 0 and stats["full_graph_steps"] > 0
     assert stats["sibling_accepts"] > 0
+    # Mixed steps too accept through the graphs (their prefill rows are rows of no tree).
+    assert stats["graph_accepts"] >= stats["steps"] and stats["eager_accepts"] == 0
 
 
 def test_greedy_eager(dirs, expected):
@@ -99,6 +103,7 @@ def test_greedy_eager(dirs, expected):
     assert tokens == expected[: len(PROMPTS)]
     assert stats["eager_steps"] == stats["steps"] > 0 and stats["kv_moves"] > 0
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"]
+    assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]
 
 
 def test_paths_attention_refused_without_fa3(dirs, monkeypatch, capfd):

@@ -5,7 +5,10 @@ LaunchTrace: `llm.collective_rpc("dominotree_trace", args=(True,))`, run request
 `args=(False,)` returns what the worker's host asked of the GPU meanwhile (torch's
 profiler over CUDA's runtime and driver API): CUDA graph replays, kernels launched
 outside graphs, calls that block the host until the device catches up, and the host's
-milliseconds inside each stage (the stages are profiler ranges while tracing).
+milliseconds inside each stage (the stages are profiler ranges while tracing), with the
+launches and the torch ops the host dispatched (top-level `aten::` calls) counted per
+stage too: the innermost stage around each ("step" is vLLM's own work between the
+plugin's stages).
 """
 
 from __future__ import annotations
@@ -50,9 +53,24 @@ class LaunchTrace:
         profiler, self._profiler = self._profiler, None
         profiler.__exit__(None, None, None)
         calls: dict[str, int] = defaultdict(int)
+        # stage -> {"graph_launches": n, "kernel_launches": n, "torch_ops": n}
+        by_stage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for event in profiler.events():
+            if event.name.startswith("aten::") and not (
+                event.cpu_parent is not None and event.cpu_parent.name.startswith("aten::")
+            ):
+                by_stage[_innermost_stage(event)]["torch_ops"] += 1
             if event.name.startswith(("cuda", "cu")) and event.device_type.name == "CPU":
                 calls[event.name] += 1
+                kind = (
+                    "graph_launches"
+                    if event.name in GRAPH_LAUNCHES
+                    else "kernel_launches"
+                    if event.name in KERNEL_LAUNCHES
+                    else None
+                )
+                if kind is not None:
+                    by_stage[_innermost_stage(event)][kind] += 1
 
         averages = profiler.key_averages()
         # The host's time inside each stage (StageClock.labels). The profiler lists every
@@ -73,7 +91,18 @@ class LaunchTrace:
             "host_waits": total(HOST_WAITS),
             "memcpy_async": calls.get("cudaMemcpyAsync", 0),
             "host_ms": dict(host_ms),
+            "launches_by_stage": {k: dict(v) for k, v in by_stage.items()},
             "calls": dict(calls),
             "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
             "kernels": averages.table(sort_by="self_cuda_time_total", row_limit=40),
         }
+
+
+def _innermost_stage(event) -> str:
+    """The stage (StageClock label) around a profiler event, or "outside"."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(LABEL_PREFIX):
+            return parent.name[len(LABEL_PREFIX) :]
+        parent = parent.cpu_parent
+    return "outside"

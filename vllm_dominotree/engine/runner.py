@@ -8,10 +8,11 @@ One step, in vLLM's own order (execute_model, then sample_tokens):
              rows whose ancestors are not their causal prefix (cuda_attention.py,
              cpu_attention.py). Under FULL CUDA graphs this is one graph replay.
 3. accept    `_sample`: sample-and-match for every tree at once on the device
-             (acceptance.py), in vLLM's [R, max_spec_len + 1] layout.
-4. commit    the accepted paths' K/V into rows 1..k (commit.py), then, right before the
-             proposer runs, the drafter's rows reordered (root, path, rest) at linear
-             positions.
+             (acceptance.py), in vLLM's [R, max_spec_len + 1] layout,
+4. commit    with the accepted paths' K/V moved into rows 1..k (commit.py); greedy
+             steps on CUDA replay both as one graph (accept_graphs.py). Then, right
+             before the proposer runs, the drafter's rows reordered (root, path, rest)
+             at linear positions.
 5. propose   the proposer (`DominoTreeProposer`) drafts the next trees, kept per request.
 """
 
@@ -29,6 +30,7 @@ from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
 from ..tree.builder import DraftTree
+from .accept_graphs import AcceptGraphs
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .commit import CpuPathKVMover, drafter_rows_first
 from .profiling import LaunchTrace
@@ -58,6 +60,10 @@ class DominoTreeStats:
     # batch size without a graph).
     graph_builds: int = 0
     eager_builds: int = 0
+    # Verification steps by how the accept stage ran: one captured CUDA graph (greedy
+    # steps on CUDA), or eagerly (sampled requests, CPU, no graphs captured).
+    graph_accepts: int = 0
+    eager_accepts: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -122,6 +128,7 @@ class DominoTreeRunnerMixin:
         self._tree_buffers = TreeStepBuffers(self.max_num_tokens, self.device)
         self._step: TreeStep | None = None
         self._accepted: Accepted | None = None
+        self._accept_graphs: AcceptGraphs | None = None  # CUDA, once the KV cache exists
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -160,6 +167,13 @@ class DominoTreeRunnerMixin:
             from ..kernels.kv_move import PathKVMover
 
             self._kv_mover = PathKVMover([forward_context[n].kv_cache for n in names])
+            self._accept_graphs = AcceptGraphs(
+                self._tree_buffers,
+                self._accept_and_move,
+                self.drafter.budget + 1,
+                self.max_num_reqs,
+                self.device,
+            )
             if self._verification.paths is not None:
                 self._check_paths_backend(forward_context[names[0]])
         else:
@@ -202,6 +216,8 @@ class DominoTreeRunnerMixin:
             self._verification.capturing = False
         if self.device.type == "cuda":
             self.drafter.capture_builder()
+            self._tree_buffers.clear()  # no trees: the warm-up runs move no K/V
+            self._accept_graphs.capture()
         return out
 
     def read_stats(self) -> DominoTreeStats:
@@ -298,34 +314,55 @@ class DominoTreeRunnerMixin:
         with self.stage_clock.stage("accept"):
             step, batch = self._step, self.input_batch
             num_reqs = batch.num_reqs
-            target = draw_targets(
-                logits,
-                step.request,
-                step.logits_ranges,
-                # A row at (tree) position p draws the token of position p + 1.
-                self.positions[step.token_row] + 1,
-                batch.sampling_metadata,
-            )
             last_rows = spec_decode_metadata.cu_num_sampled_tokens.long() - 1
-            accepted = accept_trees(
-                step, target, last_rows, num_reqs, spec_decode_metadata.max_spec_len + 1
-            )
-            self._step_counts.copy_(step_counters(step, accepted), non_blocking=True)
+            width = spec_decode_metadata.max_spec_len + 1
+            graphs = self._accept_graphs
+            result = None
+            if graphs is not None and batch.sampling_metadata.all_greedy:
+                result = graphs(logits, last_rows, width)
+            if result is None:
+                target = draw_targets(
+                    logits,
+                    step.request,
+                    step.logits_ranges,
+                    # A row at (tree) position p draws the token of position p + 1.
+                    self.positions[step.token_row] + 1,
+                    batch.sampling_metadata,
+                )
+                result = self._accept_and_move(step, target, last_rows, num_reqs, width)
+                self._stats.eager_accepts += 1
+            else:
+                self._stats.graph_accepts += 1
+            accepted, counters = result
+            self._step_counts.copy_(counters, non_blocking=True)
             self._step_stats = DominoTreeStats(
                 steps=int(bool(step.trees)),
                 trees=len(step.trees),
                 tree_nodes=sum(t.num_rows - 1 for t in step.trees),
                 tree_leaves=step.leaves,
             )
-            slot_mapping = self.input_batch.block_table[self._target_group].slot_mapping.gpu
-            self._kv_mover(
-                slot_mapping,
-                self.query_start_loc.gpu[: num_reqs + 1],
-                accepted.path_offsets,
-                accepted.num_accepted,
-            )
             self._accepted = accepted
         return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=None)
+
+    def _accept_and_move(
+        self,
+        step: TreeStep,
+        target: torch.Tensor,
+        last_rows: torch.Tensor,
+        num_reqs: int,
+        width: int,
+    ) -> tuple[Accepted, torch.Tensor]:
+        """Acceptance, the step's counters and the accepted paths' K/V move: what one
+        accept graph replays (accept_graphs.py), or the eager path runs."""
+        accepted = accept_trees(step, target, last_rows, num_reqs, width)
+        slot_mapping = self.input_batch.block_table[self._target_group].slot_mapping.gpu
+        self._kv_mover(
+            slot_mapping,
+            self.query_start_loc.gpu[: num_reqs + 1],
+            accepted.path_offsets,
+            accepted.num_accepted,
+        )
+        return accepted, step_counters(step, accepted)
 
     def _sample_without_trees(self, logits: torch.Tensor) -> SamplerOutput:
         """vLLM's sampler, except for seeded requests: they draw with the keyed noise of

@@ -25,7 +25,7 @@ and per logits row (the rows the target's logits come back for, same order):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -202,12 +202,25 @@ class TreeStepBuffers:
         b_idx, r_idx = np.nonzero(parents >= 0)
         has_child[b_idx, parents[b_idx, r_idx]] = True
         real = parents != PAD_PARENT
+        return replace(
+            self.view(num_tokens, num_logits),
+            trees=trees,
+            logits_ranges=logits_ranges,
+            width=width,
+            leaves=int((real & ~has_child).sum()),
+            any_fix=bool(needs_fix.any()),
+        )
+
+    def view(self, num_tokens: int, num_logits: int) -> TreeStep:
+        """The device buffers' first rows as a step without host rows: what the last
+        publish wrote there (beyond its logits rows: rows of no tree, in_tree 0, which
+        acceptance never accepts and which add nothing to any request's bits)."""
         d = self.device_rows
         return TreeStep(
-            trees,
+            [],
             num_tokens,
             num_logits,
-            logits_ranges,
+            [],
             token_delta=d[_TOKEN_DELTA, :num_tokens],
             request=d[_REQUEST, :num_logits],
             in_tree=d[_IN_TREE, :num_logits],
@@ -218,9 +231,9 @@ class TreeStepBuffers:
             token_row=d[_TOKEN_ROW, :num_logits],
             depth=d[_DEPTH, :num_logits],
             parent_row=d[_PARENT_ROW, :num_logits],
-            width=width,
-            leaves=int((real & ~has_child).sum()),
-            any_fix=bool(needs_fix.any()),
+            width=1,
+            leaves=0,
+            any_fix=False,
         )
 
     def host_bits(self, tree: TreeRows) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,66 @@
+"""Random verification steps for the acceptance tests (CPU and GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_dominotree.engine.tree_step import PAD_PARENT, TreeRows, TreeStepBuffers
+from vllm_dominotree.tree.builder import DraftTree
+
+
+def random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
+    tree = DraftTree.root(int(torch.randint(vocab, (1,), generator=gen)))
+    for i in range(1, size):
+        parent = int(torch.randint(i, (1,), generator=gen))
+        tree.add(int(torch.randint(vocab, (1,), generator=gen)), parent, 0.0)
+    return tree
+
+
+def random_step(seed: int, vocab: int = 3, buffers: TreeStepBuffers | None = None):
+    """A batch of trees (small vocabulary: siblings share tokens, many rows match),
+    with plain one-row requests between them and padding rows on some trees, published
+    into `buffers` (new ones by default)."""
+    gen = torch.Generator().manual_seed(seed)
+    trees, host = [], []
+    token_row = logits_row = 0
+    logits_requests, logits_token_rows, query_start = [], [], []
+    for r in range(7):
+        query_start.append(token_row)
+        if r % 3 == 1:  # a request without a tree (a prefill's last row)
+            prefill = int(torch.randint(1, 5, (1,), generator=gen))
+            logits_requests.append(r)
+            token_row += prefill
+            logits_token_rows.append(token_row - 1)
+            logits_row += 1
+            continue
+        tree = random_tree(gen, int(torch.randint(1, 12, (1,), generator=gen)), vocab)
+        pad = r % 2
+        t = TreeRows(
+            r,
+            token_row,
+            logits_row,
+            100 + r,
+            tree.tokens + [7] * pad,
+            tree.parents + [PAD_PARENT] * pad,
+            tree.depths + [1] * pad,
+        )
+        trees.append(t)
+        host.append((r, tree))
+        logits_requests += [r] * t.num_rows
+        logits_token_rows += range(token_row, token_row + t.num_rows)
+        token_row += t.num_rows
+        logits_row += t.num_rows
+    ends = np.cumsum(np.bincount(logits_requests, minlength=7))
+    starts = np.concatenate([[0], ends[:-1]])
+    buffers = buffers or TreeStepBuffers(128, torch.device("cpu"))
+    step = buffers.publish(
+        trees,
+        token_row,
+        np.array(logits_requests),
+        list(zip(starts.tolist(), ends.tolist(), strict=True)),
+        np.array(logits_token_rows),
+    )
+    target = torch.randint(vocab, (logits_row,), generator=gen)
+    query_start = torch.tensor([*query_start, token_row])  # as vLLM's metadata holds it
+    return step, host, target, torch.from_numpy(ends - 1), query_start
