@@ -10,6 +10,7 @@ import pytest
 import torch
 from tree_attention_check import random_case
 
+from vllm_dominotree.engine.cuda_attention import attend_paths
 from vllm_dominotree.engine.tree_paths import (
     PathTables,
     attention_mode,
@@ -46,52 +47,104 @@ def test_every_fixed_row_is_owned_once_at_the_end_of_its_path(seed):
         assert all(not needs_fix[j] or j in owned[: owned.index(path[-k])] for j in path[:-k])
 
 
-def varlen_causal(query, key_slots, value_slots, tables: PathTables, scale):
-    """What FA3's paged varlen causal call computes for the path requests (dense, float32):
-    request v's keys are slot_table[v, :seq_used[v]], its queries the rows query_rows[
-    query_start[v]:query_start[v + 1]], query i aligned to key seq_used - queries + i."""
-    group = query.shape[1] // key_slots.shape[2]
-    out = torch.zeros(tables.num_queries, *query.shape[1:])
-    for v in range(tables.seq_used.numel()):
-        first, end = int(tables.query_start[v]), int(tables.query_start[v + 1])
-        keys = int(tables.seq_used[v])
+def fa3_stand_in(
+    *,
+    q,
+    k,
+    v,
+    out,
+    cu_seqlens_q,
+    max_seqlen_q,
+    seqused_k,
+    max_seqlen_k,
+    softmax_scale,
+    causal,
+    block_table,
+    fa_version,
+    num_splits,
+):
+    """What vLLM's flash_attn_varlen_func computes for a paged causal batch, densely in
+    float32: request r's keys are its first seqused_k[r] positions through its block
+    table (k's pages), its queries q[cu_seqlens_q[r]:cu_seqlens_q[r + 1]], query i
+    aligned to key seqused_k - queries + i. Rows past the last request are left alone."""
+    assert causal
+    page, group = k.shape[1], q.shape[1] // k.shape[2]
+    key_slots, value_slots = k.flatten(0, 1), v.flatten(0, 1)  # [slots, KVH, D]
+    for r in range(seqused_k.numel()):
+        first, end = int(cu_seqlens_q[r]), int(cu_seqlens_q[r + 1])
+        keys = int(seqused_k[r])
         if first == end:
             continue
-        slots = tables.slot_table[v, :keys].long()
-        k = key_slots[slots, 0].float().repeat_interleave(group, dim=1)  # [keys, H, D]
-        val = value_slots[slots, 0].float().repeat_interleave(group, dim=1)
-        q = query[tables.query_rows[first:end]].float()
-        scores = torch.einsum("nhd,khd->nhk", q, k) * scale
+        position = torch.arange(keys)
+        slots = block_table[r, position // page].long() * page + position % page
+        keys_r = key_slots[slots].float().repeat_interleave(group, dim=1)  # [keys, H, D]
+        values_r = value_slots[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("nhd,khd->nhk", q[first:end].float(), keys_r) * softmax_scale
         last_key = keys - (end - first) + torch.arange(end - first)
-        visible = torch.arange(keys)[None, :] <= last_key[:, None]
+        visible = position[None, :] <= last_key[:, None]
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
-        out[first:end] = torch.einsum("nhk,khd->nhd", scores.softmax(-1), val)
-    return out
+        out[first:end] = torch.einsum("nhk,khd->nhd", scores.softmax(-1), values_r).to(out.dtype)
+
+
+def publish_case(tables: PathTables, case, each_row: bool = False) -> None:
+    _, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = case
+    page = key_cache.shape[1]
+    specs = batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row)
+    assert specs, "the case has no branching tree"
+    tables.publish(
+        specs, block_table, page, batch_slot_mapping(block_table, query_start, seq_lens, page)
+    )
+
+
+def attend_case(tables: PathTables, case) -> torch.Tensor:
+    """The case's fixed rows through attend_paths (the runner's gathers and scatter)
+    with the stand-in for FA3; the other rows stay 7.0."""
+    query, key_cache, value_cache = case[:3]
+    got = torch.full_like(query, 7.0)
+    attend_paths(
+        query,
+        key_cache,
+        value_cache,
+        tables,
+        query.shape[-1] ** -0.5,
+        17,
+        got,
+        varlen=fa3_stand_in,
+    )
+    return got
+
+
+def reference(case) -> torch.Tensor:
+    want = torch.full_like(case[0], 7.0)
+    tree_attention_reference(*case, case[0].shape[-1] ** -0.5, want)
+    return want
 
 
 @pytest.mark.parametrize("each_row", [False, True])
 @pytest.mark.parametrize("seed", range(6))
 def test_path_requests_give_the_tree_attention(seed, each_row):
     case = random_case("cpu", torch.float32, seed, requests=5, max_context=90)
-    query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors, needs_fix = case
-    page = key_cache.shape[1]
-    specs = batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row)
-    slot_mapping = batch_slot_mapping(block_table, query_start, seq_lens, page)
-    assert specs, "the case has no branching tree"
+    query, needs_fix = case[0], case[-1]
     tables = PathTables(max_paths=64, max_tokens=query.shape[0], max_len=2048, device="cpu")
-    tables.publish(specs, block_table, page, slot_mapping)
-    scale = query.shape[-1] ** -0.5
-    got = torch.full_like(query, 7.0)
-    rows = varlen_causal(query, slot_view(key_cache), slot_view(value_cache), tables, scale)
-    owned = tables.row_owned[: query.shape[0]]
-    got[owned] = rows[tables.row_to_query[: query.shape[0]][owned]]
-    want = torch.full_like(query, 7.0)
-    tree_attention_reference(*case, scale, want)
-    assert torch.equal(owned, needs_fix.bool())
-    assert (got - want).abs().max() < 1e-5
+    publish_case(tables, case, each_row)
+    assert torch.equal(tables.row_owned[: query.shape[0]], needs_fix.bool())
+    assert (attend_case(tables, case) - reference(case)).abs().max() < 1e-5
     # The next step without paths leaves every request empty.
-    tables.publish([], block_table, page, slot_mapping)
+    tables.publish([], case[3], case[1].shape[1], torch.zeros(query.shape[0], dtype=torch.long))
     assert not tables.row_owned.any() and not tables.seq_used.any()
+
+
+def test_a_smaller_step_after_a_larger_one():
+    """The tables outlive steps: a step of few rows after one of many must not gather
+    through the larger step's row maps (FA3 reads every forward row's entry)."""
+    large = random_case("cpu", torch.float32, 3, requests=8, max_context=60)
+    small = random_case("cpu", torch.float32, 0, requests=2, max_context=60)
+    tables = PathTables(max_paths=128, max_tokens=large[0].shape[0], max_len=2048, device="cpu")
+    publish_case(tables, large)
+    assert int(tables.query_rows.max()) >= small[0].shape[0]  # rows the small step lacks
+    assert (attend_case(tables, large) - reference(large)).abs().max() < 1e-5
+    publish_case(tables, small)
+    assert (attend_case(tables, small) - reference(small)).abs().max() < 1e-5
 
 
 def test_a_layout_without_a_uniform_slot_stride_is_refused():

@@ -80,14 +80,18 @@ def attend_paths(
     rows: torch.Tensor,  # [T, H, D]: the owned rows are overwritten
     fa_version: int = 3,
     num_splits: int = 0,
+    varlen=None,
 ) -> None:
-    """The path requests' rows through FA3 (pages of one slot), written into `rows`."""
-    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func  # CUDA only
+    """The path requests' rows through FA3 (pages of one slot), written into `rows`.
+    varlen: vLLM's flash_attn_varlen_func (default), or a stand-in with its arguments
+    (the CPU tests')."""
+    if varlen is None:
+        from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func as varlen
 
     num_tokens = query.shape[0]
     path_query = query[tables.query_rows[:num_tokens]]  # [T, H, D]: owned rows first
     path_out = torch.empty_like(path_query)
-    flash_attn_varlen_func(
+    varlen(
         q=path_query,
         k=slot_view(key_cache),
         v=slot_view(value_cache),

@@ -92,10 +92,15 @@ class PathTables:
         self.num_queries = 0
 
     def clear(self) -> None:
-        """No path requests: every request empty, no forward row recomputed."""
+        """No path requests: every request empty, no forward row recomputed. The row
+        maps are zeroed too: the attention gathers through them for every forward row
+        (cuda_attention.attend_paths), so an earlier, larger step's entries would index
+        past a smaller step's rows."""
         self.seq_used.zero_()
         self.query_start.zero_()
         self.row_owned.zero_()
+        self.query_rows.zero_()
+        self.row_to_query.zero_()
         self.num_queries = 0
 
     def publish(
