@@ -24,7 +24,8 @@
 #   parallel 'JOB ARGS' ...  the jobs at once, each in its own process; their outputs are
 #                     gathered into $OUT/jobs.log every 15 s (one file: a call brings back
 #                     only 8). For correctness runs that share the GPU (tests, serve; the
-#                     tests' engines take fixed KV caches), never for timings
+#                     tests' engines take fixed KV caches), never for timings. Four
+#                     engine-heavy jobs fit one 9-minute call; eight did not (2026-12-02)
 # Wheels it expects beside the project: .whl/gguf (the gguf package, for the GGUF
 # conversion) and .whl/data (the evaluation sets' packages), e.g. shipped with the pack.
 set -euo pipefail
