@@ -39,3 +39,37 @@ def test_ancestor_mask_is_the_walk_up_the_parents():
         assert torch.equal(ancestor_mask(parents), walked_mask(parents)), n
     chain = list(range(-1, 64))
     assert torch.equal(ancestor_mask(chain), torch.ones(65, 65, dtype=torch.bool).tril())
+
+
+def test_tree_bits_of_random_batches_are_the_walks():
+    """Every output of tree_bits for a batch of random trees (some padded), against
+    walking each row's parents."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n = int(rng.integers(1, 66))
+        batch = []
+        for _ in range(int(rng.integers(1, 6))):
+            size = int(rng.integers(1, n + 1))
+            batch.append(
+                [-1] + [int(rng.integers(i)) for i in range(1, size)] + [PAD_PARENT] * (n - size)
+            )
+        parents = np.array(batch)
+        ancestors, siblings, needs_fix = tree_bits(parents)
+        for b, row in enumerate(batch):
+            real = [p for p in row if p != PAD_PARENT]
+            mask = walked_mask(real).numpy()
+            for i in range(len(row)):
+                own = np.int64(1) << np.int64(i - 1) if i >= 1 else np.int64(0)
+                if i >= len(real):  # padding keeps only its own bit
+                    assert ancestors[b, i] == own and not needs_fix[b, i]
+                    continue
+                bits = sum(
+                    (np.int64(1) << np.int64(j - 1) for j in range(1, i + 1) if mask[i, j]),
+                    np.int64(0),
+                )
+                assert ancestors[b, i] == bits
+                earlier = [j for j in range(1, i) if i >= 1 and real[j] == real[i]]
+                assert siblings[b, i] == sum(
+                    (np.int64(1) << np.int64(j - 1) for j in earlier), np.int64(0)
+                )
+                assert needs_fix[b, i] == (i >= 1 and not mask[i, : i + 1].all())

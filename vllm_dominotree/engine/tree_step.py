@@ -41,6 +41,12 @@ _TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA = 0, 1, 2
 _REQUEST, _OFFSET, _ANCESTORS, _SIBLINGS, _TOKEN, _TOKEN_ROW, _DEPTH = 3, 4, 5, 6, 7, 8, 9
 _PARENT_ROW, _IN_TREE = 10, 11
 _FIELDS = 12
+# The fields publish writes per tree row, in its order: by forward row, by logits row.
+_PER_TOKEN_FIELDS = np.array([_TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA])[:, None]
+_CACHED_VIEWS = 256  # distinct step sizes whose views TreeStepBuffers keeps
+_PER_LOGIT_FIELDS = np.array(
+    [_IN_TREE, _OFFSET, _ANCESTORS, _SIBLINGS, _TOKEN, _PARENT_ROW, _DEPTH]
+)[:, None]
 
 
 @dataclass
@@ -105,7 +111,7 @@ def tree_rows(
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class TreeStep:
     """This step's trees: host rows (CPU attention, counters) and device views of the
     published buffers (CUDA attention, acceptance, commit). Device views are [rows]."""
@@ -143,6 +149,9 @@ class TreeStepBuffers:
         self.device_rows = torch.zeros(_FIELDS, capacity, dtype=torch.int64, device=device)
         self._host = self.host.numpy()
         self._dirty = 0  # columns written by an earlier step (zeroed before reuse)
+        # (tokens, logits rows) -> the buffers' views: a step's sizes repeat, and ten
+        # tensor slices cost more host time than the rest of a small step's description.
+        self._views: dict[tuple[int, int], TreeStep] = {}
 
     def clear(self) -> None:
         """A step without trees: every row causal, nothing to fix (graphs still read)."""
@@ -180,22 +189,28 @@ class TreeStepBuffers:
             depths[b, : t.num_rows] = t.depths
             tokens[b, : t.num_rows] = t.tokens
         ancestors, siblings, needs_fix = tree_bits(parents)
+        # Every tree row at once: its column among the forward's tokens and the logits.
         offsets = np.arange(width)
-        for b, t in enumerate(trees):  # one slice assignment per field and tree
-            n = t.num_rows
-            tok = slice(t.token_row, t.token_row + n)
-            log = slice(t.logits_row, t.logits_row + n)
-            h[_TOKEN_ANCESTORS, tok] = ancestors[b, :n]
-            h[_TOKEN_NEEDS_FIX, tok] = needs_fix[b, :n]
-            h[_TOKEN_DELTA, tok] = depths[b, :n] - offsets[:n]
-            h[_IN_TREE, log] = 1
-            h[_OFFSET, log] = offsets[:n]
-            h[_ANCESTORS, log] = ancestors[b, :n]
-            h[_SIBLINGS, log] = siblings[b, :n]
-            real_parent = parents[b, :n] >= 0
-            h[_TOKEN, log] = np.where(real_parent, tokens[b, :n], -1)
-            h[_PARENT_ROW, log] = np.where(real_parent, t.logits_row + parents[b, :n], -1)
-            h[_DEPTH, log] = depths[b, :n]
+        num_rows = np.array([t.num_rows for t in trees], dtype=np.int64)
+        valid = offsets[None, :] < num_rows[:, None]  # [B, width]
+        first_tokens = np.array([t.token_row for t in trees], dtype=np.int64)[:, None]
+        first_logits = np.array([t.logits_row for t in trees], dtype=np.int64)[:, None]
+        tok, log = (first_tokens + offsets)[valid], (first_logits + offsets)[valid]
+        real_parent = parents >= 0
+        h[_PER_TOKEN_FIELDS, tok[None, :]] = np.stack(
+            [ancestors[valid], needs_fix[valid], (depths - offsets)[valid]]
+        )
+        h[_PER_LOGIT_FIELDS, log[None, :]] = np.stack(
+            [
+                np.ones_like(log),
+                np.broadcast_to(offsets, valid.shape)[valid],
+                ancestors[valid],
+                siblings[valid],
+                np.where(real_parent, tokens, -1)[valid],
+                np.where(real_parent, first_logits + parents, -1)[valid],
+                depths[valid],
+            ]
+        )
         self.device_rows[:, :columns].copy_(self.host[:, :columns], non_blocking=True)
         self._dirty = max(num_tokens, num_logits)
         has_child = np.zeros_like(parents, dtype=bool)
@@ -215,8 +230,14 @@ class TreeStepBuffers:
         """The device buffers' first rows as a step without host rows: what the last
         publish wrote there (beyond its logits rows: rows of no tree, in_tree 0, which
         acceptance never accepts and which add nothing to any request's bits)."""
+        key = (num_tokens, num_logits)
+        cached = self._views.get(key)
+        if cached is not None:
+            return cached
+        if len(self._views) >= _CACHED_VIEWS:
+            self._views.clear()
         d = self.device_rows
-        return TreeStep(
+        self._views[key] = TreeStep(
             [],
             num_tokens,
             num_logits,
@@ -235,6 +256,7 @@ class TreeStepBuffers:
             leaves=0,
             any_fix=False,
         )
+        return self._views[key]
 
     def host_bits(self, tree: TreeRows) -> tuple[np.ndarray, np.ndarray]:
         """(ancestors, needs_fix) of a published tree's rows, from the host staging."""

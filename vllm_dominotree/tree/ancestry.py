@@ -30,13 +30,16 @@ def tree_bits(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     own = np.broadcast_to(_row_bits(n), (b, n))
     real = parents >= 0
     up = np.where(real, parents, 0)
+    # Pointer jumping: ancestors[i] holds the bits from i up to, not including, up[i];
+    # each round doubles that stretch, so a path of d rows takes about log2(d) rounds.
     ancestors = own.copy()
+    up = np.where(real, parents, -1)
     rows = np.arange(b)[:, None]
-    for _ in range(n):  # a path is at most n rows long; stops once nothing changes
-        grown = ancestors | np.where(real, ancestors[rows, up], 0)
-        if np.array_equal(grown, ancestors):
-            break
-        ancestors = grown
+    while (up >= 0).any():
+        above = up >= 0
+        at = np.maximum(up, 0)
+        ancestors = ancestors | np.where(above, ancestors[rows, at], 0)
+        up = np.where(above, up[rows, at], -1)
     earlier = np.tri(n, n, -1, dtype=bool)[None]  # [1, i, j]: j < i
     same_parent = (parents[:, :, None] == parents[:, None, :]) & real[:, :, None] & earlier
     # Disjoint bits: their wrapping int64 sum is their OR.

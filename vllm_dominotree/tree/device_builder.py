@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .builder import DraftTree, TreeShape
@@ -107,7 +108,7 @@ class DeviceTreeBuilder:
         """The n trees of the last launch, once they are on the host."""
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
-        return [_draft_tree(*rows) for rows in self.trees_host[:n].tolist()]
+        return _draft_trees(self.trees_host[:n].numpy())
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -252,17 +253,17 @@ class DeviceTreeBuilder:
         return node, parent, token, depth, expand
 
 
-def _draft_tree(
-    tokens: list[float], parents: list[float], depths: list[float], scores: list[float]
-) -> DraftTree:
-    n = sum(p != UNUSED for p in parents)
-    tree = DraftTree(
-        [int(t) for t in tokens[:n]],
-        [int(p) for p in parents[:n]],
-        [int(d) for d in depths[:n]],
-        scores[:n],
-        [[] for _ in range(n)],
-    )
-    for node in range(1, n):
-        tree.children[tree.parents[node]].append(node)
-    return tree
+def _draft_trees(rows: np.ndarray) -> list[DraftTree]:
+    """rows: [n, 4, slots] float64 (tokens, parents, depths, scores per slot) -> the
+    trees, each cut at its first unused slot. The integer fields are converted once for
+    all trees (this runs on the host after the step's wait for the trees)."""
+    sizes = (rows[:, 1] != UNUSED).sum(1).tolist()
+    ints = rows[:, :3].astype(np.int64).tolist()
+    scores = rows[:, 3].tolist()
+    trees = []
+    for n, (tokens, parents, depths), score in zip(sizes, ints, scores, strict=True):
+        children = [[] for _ in range(n)]
+        for node in range(1, n):
+            children[parents[node]].append(node)
+        trees.append(DraftTree(tokens[:n], parents[:n], depths[:n], score[:n], children))
+    return trees
