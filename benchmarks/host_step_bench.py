@@ -95,6 +95,13 @@ def child(package_root: Path, reps: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    return f"{os.cpu_count()} cores"
+
+
 def main() -> None:
     from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
@@ -126,11 +133,11 @@ def main() -> None:
     text = write_results(
         args.out,
         "host_step",
-        {"command": command_line(), "runs": runs, "medians_ms": medians},
+        {"command": command_line(), "device": cpu_name(), "runs": runs, "medians_ms": medians},
         ["code", "host work", *(f"ms, batch {b}" for b in BATCHES)],
         rows,
         intro=[
-            "# Host time of the per-step tree work (CPU)",
+            f"# Host time of the per-step tree work ({cpu_name()})",
             "",
             f"`{command_line()}`: budget-16 trees (17 rows), median of {args.rounds} "
             f"alternating rounds of {args.reps} calls; collect = the built trees to host "
