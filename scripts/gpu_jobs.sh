@@ -4,7 +4,10 @@
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
-#                     if shipped), durations listed -> $OUT/gpu_tests.log
+#                     if shipped), durations listed -> $OUT/gpu_tests.log. The bf16 test's
+#                     baselines are kept in /tmp/bf16_baselines for later jobs on this
+#                     machine: run `-k baselines[toy]` and `-k baselines[smollm2]` first,
+#                     then each variant (`-k toy-chain-fixup`, ...) starts one engine
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/
 #   round-cost-before [ARGS]  the same on the earlier code in .before/ (scripts/
 #                     before_tree.sh REV, carried) -> $OUT/round_cost_before/
@@ -72,6 +75,7 @@ case $job in
   tests)
     # The SmolLM2 half of the bf16 divergence test needs the converted target.
     if [ -f artifacts/smollm2.gguf.xz ]; then smollm2_target; export DOMINOTREE_SMOLLM2=$work/target; fi
+    export DOMINOTREE_BF16_BASELINES=${DOMINOTREE_BF16_BASELINES:-/tmp/bf16_baselines}
     files=("$@")
     [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_tree_attention_kernel.py
       tests/gpu/test_tree_paths_fa3.py tests/gpu/test_device_builder.py tests/gpu/test_engine_gpu.py
