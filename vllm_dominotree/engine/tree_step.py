@@ -43,10 +43,10 @@ _PARENT_ROW, _IN_TREE = 10, 11
 _FIELDS = 12
 # The fields publish writes per tree row, in its order: by forward row, by logits row.
 _PER_TOKEN_FIELDS = np.array([_TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA])[:, None]
-_CACHED_VIEWS = 256  # distinct step sizes whose views TreeStepBuffers keeps
 _PER_LOGIT_FIELDS = np.array(
     [_IN_TREE, _OFFSET, _ANCESTORS, _SIBLINGS, _TOKEN, _PARENT_ROW, _DEPTH]
 )[:, None]
+_CACHED_VIEWS = 256  # distinct step sizes whose views TreeStepBuffers keeps
 
 
 @dataclass
@@ -149,8 +149,8 @@ class TreeStepBuffers:
         self.device_rows = torch.zeros(_FIELDS, capacity, dtype=torch.int64, device=device)
         self._host = self.host.numpy()
         self._dirty = 0  # columns written by an earlier step (zeroed before reuse)
-        # (tokens, logits rows) -> the buffers' views: a step's sizes repeat, and ten
-        # tensor slices cost more host time than the rest of a small step's description.
+        # (tokens, logits rows) -> the buffers' views: a step's sizes repeat, and its ten
+        # tensor slices are host time that the GPU waits for in a synchronous step.
         self._views: dict[tuple[int, int], TreeStep] = {}
 
     def clear(self) -> None:

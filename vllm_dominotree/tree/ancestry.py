@@ -29,7 +29,6 @@ def tree_bits(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     b, n = parents.shape
     own = np.broadcast_to(_row_bits(n), (b, n))
     real = parents >= 0
-    up = np.where(real, parents, 0)
     # Pointer jumping: ancestors[i] holds the bits from i up to, not including, up[i];
     # each round doubles that stretch, so a path of d rows takes about log2(d) rounds.
     ancestors = own.copy()
