@@ -3,6 +3,10 @@
 # shipped files are in place (scripts/device_unpack.sh) and vLLM is staged:
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
+#   suite             the whole of tests/gpu in two `parallel` phases (about 8 minutes):
+#                     kernel, builder and engine tests beside the bf16 test's baselines,
+#                     then its six variants (one engine each) -> $OUT/suite_phase1.log,
+#                     $OUT/suite_phase2.log
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
 #                     if shipped), durations listed -> $OUT/gpu_tests.log. The bf16 test's
 #                     baselines are kept in /tmp/bf16_baselines for later jobs on this
@@ -102,7 +106,26 @@ case $job in
     python3 benchmarks/serve_load_bench.py --out "$OUT/serve_$pair" --cli serve --kv-cache-gib 2 \
       "${models[@]}" "$@" 2>&1 | grep -v " WARNING "
     ;;
+  suite)
+    b=tests/gpu/test_bf16_divergence.py
+    rc=0
+    bash "$0" parallel "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
+tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/gpu/test_engine_gpu.py" \
+      "tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]" || rc=1
+    mv "$OUT/jobs.log" "$OUT/suite_phase1.log"
+    variants=()
+    for pair in toy smollm2; do
+      for variant in chain-fixup conditional-fixup conditional-paths; do
+        variants+=("tests $b -k $pair-$variant")
+      done
+    done
+    bash "$0" parallel "${variants[@]}" || rc=1
+    mv "$OUT/jobs.log" "$OUT/suite_phase2.log"
+    grep -a -h -E "passed|failed|diverge" "$OUT"/suite_phase*.log | grep -v Warning || true
+    exit $rc
+    ;;
   parallel)
+    set -f  # job arguments such as -k baselines[toy] are words, not file patterns
     # What the jobs share is made before they start: the SmolLM2 target.
     if [ -f artifacts/smollm2.gguf.xz ]; then smollm2_target; fi
     logs=/tmp/gpu_jobs_logs
@@ -161,7 +184,7 @@ case $job in
     ;;
   *)
     echo "unknown job '$job': tests, round-cost, round-cost-before, before, train MINUTES," \
-      "harness, data, serve PAIR, parallel 'JOB ARGS' ..." >&2
+      "harness, data, serve PAIR, parallel 'JOB ARGS' ..., suite" >&2
     exit 2
     ;;
 esac
