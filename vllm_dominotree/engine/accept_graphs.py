@@ -1,8 +1,9 @@
 """The accept stage of a greedy step as one CUDA graph replay.
 
 A step's acceptance, counters and K/V move (acceptance.accept_trees, step_counters, the
-PathKVMover) are about 45 small kernels, each launched by the host: at batch 1 the
-host's time in them is a large share of a round (benchmarks/results/h200_2026-12-02).
+PathKVMover) are about 85 small kernels, each launched by the host (a step launched 189
+kernels outside graphs before, 104 with the graph, H200:
+benchmarks/results/h200_2026-12-02_accept_graphs).
 They read nothing but persistent buffers (the step description, tree_step.py; the
 target's tokens and last rows, copied into buffers here; vLLM's slot mapping and query
 starts; the KV caches), so one CUDA graph holds all of them.
