@@ -125,17 +125,18 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     exit $rc
     ;;
   parallel)
-    set -f  # job arguments such as -k baselines[toy] are words, not file patterns
     # What the jobs share is made before they start: the SmolLM2 target.
     if [ -f artifacts/smollm2.gguf.xz ]; then smollm2_target; fi
     logs=/tmp/gpu_jobs_logs
     rm -rf "$logs" && mkdir -p "$logs"
     pids=()
+    set -f  # job arguments such as -k baselines[toy] are words, not file patterns
     for spec in "$@"; do
       # shellcheck disable=SC2086  # each spec is a job and its arguments, split on spaces
       GPU_JOBS_PARENT=1 bash "$0" $spec > "$logs/${#pids[@]}.log" 2>&1 &
       pids+=($!)
     done
+    set +f
     gather() {
       local i=0
       for spec in "$@"; do
