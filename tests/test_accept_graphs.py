@@ -44,13 +44,27 @@ def test_padded_acceptance_equals_the_steps_own(seed):
     assert int(want.num_accepted.sum()) > 0  # the comparison covers accepted paths
 
 
-def test_shapes_beyond_the_graphs_are_refused():
+class CountingGraph:
+    """Stands in for a captured graph: counts its replays."""
+
+    replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def test_a_graph_serves_its_sizes_and_only_those():
+    """The graph of a padded request count serves every step up to it; request counts
+    beyond the buffers' room and widths beyond 1 + budget are refused (None: the runner
+    then accepts eagerly and counts it)."""
     buffers = TreeStepBuffers(64, torch.device("cpu"))
     graphs = AcceptGraphs(buffers, stage, ROWS_PER_TREE, 16, torch.device("cpu"))
     assert graphs.max_requests == 4  # 64 rows hold four padded requests of 13
-    logits = torch.zeros(3, 5)
-    # Nothing captured on CPU: no replay; a request count or width beyond the graphs'
-    # is refused before any graph is looked up.
-    assert graphs(logits, torch.arange(3), WIDTH) is None
-    assert graphs(logits, torch.arange(5), WIDTH) is None
-    assert graphs.captured == []
+    assert graphs(torch.zeros(3, 5), torch.arange(3), WIDTH) is None  # nothing captured
+    graph = CountingGraph()
+    graphs._graphs[4] = (graph, graphs._padded_stage(4))
+    got, _ = graphs(torch.zeros(3, 5), torch.arange(3), WIDTH)
+    assert graph.replays == 1 and got.sampled.shape == (3, WIDTH)
+    assert graphs(torch.zeros(5, 5), torch.arange(5), WIDTH) is None  # 5 requests > 4
+    assert graphs(torch.zeros(3, 5), torch.arange(3), ROWS_PER_TREE + 1) is None
+    assert graph.replays == 1 and graphs.captured == [4]
