@@ -15,7 +15,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 from vllm import _custom_ops as ops
@@ -99,12 +98,9 @@ def case(context: int, shape: str, rows: int, reps: int, gen) -> dict:
         )
 
     parents = parents_of(shape, rows, gen)
-    depths = [0] * rows
-    for i in range(1, rows):
-        depths[i] = depths[parents[i]] + 1
-    tree = TreeRows(0, 0, 0, context, [0] * rows, parents, depths)
-    ancestors, _, needs_fix = tree_bits(np.asarray([parents]))
-    fix = tree_fix(tree, needs_fix[0].astype(bool), ancestors[0], table, BLOCK)
+    tree = TreeRows(0, 0, 0, context, rows, 0)
+    ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.tensor([parents])))
+    fix = tree_fix(tree, needs_fix, ancestors, table, BLOCK)
     layout = probe_layout(ISA, torch.float32, KV_HEADS, BLOCK, DIM)
     output = torch.zeros(rows, HEADS * DIM)
     has_child = set(parents[1:])

@@ -5,6 +5,9 @@ and plain decoding, on random weights of a real shape.
         [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain marginal conditional] \\
         [--tokens 64] [--enforce-eager]
 
+A plugin method with the suffix `-sync` (e.g. `conditional-sync`) runs with vLLM's
+synchronous scheduling instead of its default (asynchronous on CUDA).
+
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
 drafters are random DFlash / Domino b16 checkpoints of the released shapes; a random
@@ -175,6 +178,9 @@ def write_trace_tables(path: Path, trace: dict) -> None:
 def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     from vllm import LLM
 
+    # "<method>-sync": the plugin's method with vLLM's synchronous scheduling.
+    base = method.removesuffix("-sync")
+    scheduling = {"async_scheduling": False} if base != method else {}
     llm = LLM(
         model=dirs["target"],
         skip_tokenizer_init=True,
@@ -183,10 +189,11 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         max_model_len=1024,
         max_num_seqs=max(args.batches),
         disable_log_stats=False,
-        speculative_config=speculative_config(method, dirs),
+        speculative_config=speculative_config(base, dirs),
         enforce_eager=args.enforce_eager,
         # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
         kernel_config={"enable_jit_warmup": False},
+        **scheduling,
     )
     vocab = SHAPES[args.shape]["vocab_size"]
     rows = []
@@ -201,10 +208,12 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 "accept_length": (args.tokens - 1) / rounds,
                 "ms_per_round": 1e3 * seconds / rounds,
             }
-            if method in ("chain", "marginal", "conditional"):
+            if base in ("chain", "marginal", "conditional"):
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
-                stages = llm.collective_rpc("dominotree_stats")[0]["stage_seconds"]
+                stats = llm.collective_rpc("dominotree_stats")[0]
+                row["async_scheduling"] = stats.get("async_scheduling", False)
+                stages = stats["stage_seconds"]
                 llm.collective_rpc("dominotree_profile", args=(False,))
                 split = {k: 1e3 * v / rounds for k, v in stages.items()}
                 split["rest"] = split.pop("step") - sum(split.values())
@@ -236,8 +245,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
 def report(rows: list[dict], args) -> None:
     ar = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "ar"}
     for r in rows:
-        if r["method"] in PAPER_TAU and r["batch"] in ar:
-            name, tau = PAPER_TAU[r["method"]]
+        base = r["method"].removesuffix("-sync")
+        if base in PAPER_TAU and r["batch"] in ar:
+            name, tau = PAPER_TAU[base]
             speedup = tau * ar[r["batch"]] / r["ms_per_round"]
             r["projection"] = {
                 "paper_method": name,
@@ -278,10 +288,14 @@ def report(rows: list[dict], args) -> None:
             if proj
             else "-"
         )
-        table.append([r["method"], r["batch"], f"{r['ms_per_round']:.2f}", *cells, proj_cell])
+        scheduling = {True: "async", False: "sync"}.get(r.get("async_scheduling"), "-")
+        table.append(
+            [r["method"], r["batch"], scheduling, f"{r['ms_per_round']:.2f}", *cells, proj_cell]
+        )
     header = [
         "method",
         "batch",
+        "scheduling",
         "ms/round",
         "prepare",
         "verify",

@@ -33,8 +33,8 @@ def case(batch: int, context: int, rows: int):
         batch * pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16
     )
     query = torch.randn(batch * rows, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    parents = np.array([[-1, *([0] * (rows - 1))]])  # a star: rows 2.. need the fix
-    ancestors, _, needs_fix = tree_bits(parents)
+    parents = torch.tensor([[-1, *([0] * (rows - 1))]])  # a star: rows 2.. need the fix
+    ancestors, _, needs_fix = (a.numpy() for a in tree_bits(parents))
     meta = (
         torch.arange(0, batch * rows + 1, rows, dtype=torch.int32, device="cuda"),
         torch.full((batch,), context + rows, dtype=torch.int32, device="cuda"),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dominotree.engine.tree_step import PAD_PARENT, TreeRows, TreeStepBuffers
+from vllm_dominotree.engine.tree_step import TreeRows, TreeStepBuffers
+from vllm_dominotree.tree.ancestry import NUM_FIELDS, describe_slots
 from vllm_dominotree.tree.builder import DraftTree
+from vllm_dominotree.tree.device_builder import slot_tensors
+
+SLOTS = 13  # random trees have at most 12 rows, one padding row beside
 
 
 def random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
@@ -17,10 +21,19 @@ def random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
     return tree
 
 
+def table_of(trees: list[DraftTree]) -> torch.Tensor:
+    """The builder's table for these trees ([fields, trees + 1, SLOTS], as the device
+    builder writes it; the extra row holds nothing)."""
+    table = torch.zeros(NUM_FIELDS, len(trees) + 1, SLOTS, dtype=torch.long)
+    describe_slots(*slot_tensors(trees, SLOTS), table[:, : len(trees)])
+    return table
+
+
 def random_step(seed: int, vocab: int = 3, buffers: TreeStepBuffers | None = None):
     """A batch of trees (small vocabulary: siblings share tokens, many rows match),
-    with plain one-row requests between them and padding rows on some trees, published
-    into `buffers` (new ones by default)."""
+    with plain one-row requests between them and rows scheduled past the tree on some
+    (slots without a node), published into `buffers` (new ones by default) from the
+    trees' table."""
     gen = torch.Generator().manual_seed(seed)
     trees, host = [], []
     token_row = logits_row = 0
@@ -36,15 +49,7 @@ def random_step(seed: int, vocab: int = 3, buffers: TreeStepBuffers | None = Non
             continue
         tree = random_tree(gen, int(torch.randint(1, 12, (1,), generator=gen)), vocab)
         pad = r % 2
-        t = TreeRows(
-            r,
-            token_row,
-            logits_row,
-            100 + r,
-            tree.tokens + [7] * pad,
-            tree.parents + [PAD_PARENT] * pad,
-            tree.depths + [1] * pad,
-        )
+        t = TreeRows(r, token_row, logits_row, 100 + r, tree.num_nodes + pad, len(host))
         trees.append(t)
         host.append((r, tree))
         logits_requests += [r] * t.num_rows
@@ -60,6 +65,7 @@ def random_step(seed: int, vocab: int = 3, buffers: TreeStepBuffers | None = Non
         np.array(logits_requests),
         list(zip(starts.tolist(), ends.tolist(), strict=True)),
         np.array(logits_token_rows),
+        table_of([tree for _, tree in host]),
     )
     target = torch.randint(vocab, (logits_row,), generator=gen)
     query_start = torch.tensor([*query_start, token_row])  # as vLLM's metadata holds it

@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dominotree.engine.tree_step import PAD_PARENT
 from vllm_dominotree.tree.ancestry import ancestor_mask, tree_bits
+from vllm_dominotree.tree.device_builder import UNUSED as PAD_PARENT
 
 
 def test_tree_bits():
-    parents = np.array([[-1, 0, 0, 1, 3, PAD_PARENT]])
+    parents = torch.tensor([[-1, 0, 0, 1, 3, PAD_PARENT]])
     ancestors, siblings, needs_fix = tree_bits(parents)
     assert ancestors[0].tolist() == [0, 0b1, 0b10, 0b101, 0b1101, 0b10000]
     assert siblings[0].tolist() == [0, 0, 0b1, 0, 0, 0]
     assert needs_fix[0].tolist() == [False, False, True, True, True, False]
-    chain = np.array([list(range(-1, 64))])  # 65 rows: bit 63 is the sign bit
+    chain = torch.tensor([list(range(-1, 64))])  # 65 rows: bit 63 is the sign bit
     ancestors, _, needs_fix = tree_bits(chain)
     assert ancestors[0, 64] == -1 and not needs_fix.any()
 
@@ -53,8 +53,7 @@ def test_tree_bits_of_random_batches_are_the_walks():
             batch.append(
                 [-1] + [int(rng.integers(i)) for i in range(1, size)] + [PAD_PARENT] * (n - size)
             )
-        parents = np.array(batch)
-        ancestors, siblings, needs_fix = tree_bits(parents)
+        ancestors, siblings, needs_fix = (t.numpy() for t in tree_bits(torch.tensor(batch)))
         for b, row in enumerate(batch):
             real = [p for p in row if p != PAD_PARENT]
             mask = walked_mask(real).numpy()

@@ -5,7 +5,6 @@ end to end (greedy output equal to the target alone)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from vllm import _custom_ops as ops
@@ -73,13 +72,10 @@ def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
     # behind a plain decode row (row 0).
     starts, sizes = [block_size + 5, 3 * block_size - 2], [17, 9]
     tables = torch.randperm(num_blocks, generator=gen)[:16].view(2, 8).int()
-    trees, token_row = [], 1
+    trees, tree_parents, token_row = [], [], 1
     for b, (start, n) in enumerate(zip(starts, sizes, strict=True)):
-        parents = random_parents(n, gen)
-        depths = [0] * n
-        for i in range(1, n):
-            depths[i] = depths[parents[i]] + 1
-        trees.append(TreeRows(b, token_row, token_row, start, [0] * n, parents, depths))
+        tree_parents.append(random_parents(n, gen))
+        trees.append(TreeRows(b, token_row, token_row, start, n, b))
         token_row += n
     tokens = token_row
     query = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
@@ -95,20 +91,18 @@ def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
         sequences.append((keys, values))
     output = torch.full((tokens, heads * dim), 7.0, dtype=dtype)
     fixes = []
-    for t in trees:
-        ancestors, _, needs_fix = tree_bits(np.asarray([t.parents]))
-        fix = cpu_attention.tree_fix(
-            t, needs_fix[0].astype(bool), ancestors[0], tables[t.batch_index], block_size
-        )
+    for t, parents in zip(trees, tree_parents, strict=True):
+        ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.tensor([parents])))
+        fix = cpu_attention.tree_fix(t, needs_fix, ancestors, tables[t.batch_index], block_size)
         assert fix is not None
         fixes.append(fix)
     recompute_rows(query, kv_cache, output, fixes, layout, scale)
 
     fixed = torch.zeros(tokens, dtype=torch.bool)
-    for t, fix, (keys, values) in zip(trees, fixes, sequences, strict=True):
+    for t, parents, fix, (keys, values) in zip(trees, tree_parents, fixes, sequences, strict=True):
         fixed[fix.rows] = True
         sees = torch.ones(t.num_rows, t.start + t.num_rows, dtype=torch.bool)
-        sees[:, t.start :] = ancestor_mask(t.parents)
+        sees[:, t.start :] = ancestor_mask(parents)
         group = heads // kv_heads
         k = keys.float().repeat_interleave(group, 1)  # [length, heads, D]
         v = values.float().repeat_interleave(group, 1)

@@ -20,7 +20,7 @@ def test_batched_acceptance_equals_the_host_walk(seed):
     width = 13
     got = accept_trees(step, target, last_rows, 7, width)
     trees = {r: tree for r, tree in host}
-    accepted = siblings = moves = 0
+    accepted = siblings = moves = leaves = 0
     for r in range(7):
         if r not in trees:
             assert got.sampled[r].tolist() == [int(target[last_rows[r]])] + [-1] * (width - 1)
@@ -35,7 +35,8 @@ def test_batched_acceptance_equals_the_host_walk(seed):
         accepted += len(path)
         siblings += sibling_accepts(tree, path)
         moves += path != list(range(1, len(path) + 1))
-    assert step_counters(step, got).tolist() == [accepted, siblings, moves]
+        leaves += sum(not children for children in tree.children)
+    assert step_counters(step, got).tolist() == [accepted, siblings, moves, leaves]
 
 
 def test_drafter_rows_follow_the_path_and_positions_stay_unique():

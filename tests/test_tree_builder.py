@@ -12,6 +12,7 @@ from vllm_dominotree.demo.toy_pair import PairSpec, drafter_config, drafter_tens
 from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.drafter.checkpoint import write_checkpoint
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
+from vllm_dominotree.tree.ancestry import TOKEN
 from vllm_dominotree.tree.scorers import top_by_rank
 
 V, K = 40, 5
@@ -57,6 +58,8 @@ def marginal(embed, shape, requests):
 
 
 def device_trees(scorer, shape, anchors, *, chain=False, max_requests=None):
+    """The device builder's trees; its table (what the next verification step reads)
+    must describe exactly these trees, as `store` describes the heap's."""
     builder = DeviceTreeBuilder(
         scorer,
         shape,
@@ -64,7 +67,15 @@ def device_trees(scorer, shape, anchors, *, chain=False, max_requests=None):
         device=torch.device("cpu"),
         max_requests=max_requests or len(anchors),
     )
-    return builder.build(torch.tensor(anchors))
+    trees = builder.build(torch.tensor(anchors))
+    n = len(anchors)
+    built = builder.table[:, :n].clone()
+    no_tree = builder.table[:, builder.no_tree_row].clone()
+    builder.store(trees)
+    assert torch.equal(built, builder.table[:, :n])
+    assert torch.equal(no_tree, builder.table[:, builder.no_tree_row])  # never written
+    assert no_tree[TOKEN].tolist() == [-1] * builder.slots  # a chain that never matches
+    return trees
 
 
 def as_tuples(trees):

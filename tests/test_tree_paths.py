@@ -10,10 +10,10 @@ import pytest
 import torch
 from tree_attention_check import random_case
 
+from vllm_dominotree.config import attention_mode
 from vllm_dominotree.engine.cuda_attention import attend_paths
 from vllm_dominotree.engine.tree_paths import (
     PathTables,
-    attention_mode,
     batch_path_specs,
     batch_slot_mapping,
     slot_view,
@@ -31,7 +31,7 @@ def random_tree(rng: np.random.Generator, n: int) -> np.ndarray:
 def test_every_fixed_row_is_owned_once_at_the_end_of_its_path(seed):
     rng = np.random.default_rng(seed)
     parents = random_tree(rng, int(rng.integers(1, 18)))
-    ancestors, _, needs_fix = (a[0] for a in tree_bits(parents[None]))
+    ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.from_numpy(parents[None])))
     paths = split_into_paths(ancestors, needs_fix)
     owned = [row for path, k in paths for row in path[len(path) - k :]]
     assert sorted(owned) == [i for i in range(len(parents)) if needs_fix[i]]

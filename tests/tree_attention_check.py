@@ -44,11 +44,11 @@ def random_case(
     ancestors = torch.zeros(num_tokens, dtype=torch.int64)
     needs_fix = torch.zeros(num_tokens, dtype=torch.int64)
     for r, n in enumerate(rows):
-        parents = np.array([[-1] + [ints(i) for i in range(1, n)]])
+        parents = torch.tensor([[-1] + [ints(i) for i in range(1, n)]])
         bits, _, fix = tree_bits(parents)
         span = slice(int(query_start[r]), int(query_start[r + 1]))
-        ancestors[span] = torch.from_numpy(bits[0])
-        needs_fix[span] = torch.from_numpy(fix[0].astype(np.int64))
+        ancestors[span] = bits[0]
+        needs_fix[span] = fix[0].long()
 
     def on(t, dt=None):
         return t.to(device=device, dtype=dt or t.dtype)

@@ -6,6 +6,7 @@ The same keys are accepted in vLLM's `--speculative-config` JSON beside "method"
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 from .drafter.checkpoint import DrafterSpec
@@ -21,6 +22,23 @@ CPU_BUDGET = 4
 
 class DominoTreeConfigError(ValueError):
     pass
+
+
+CUDA_TREE_ATTENTION_MODES = ("fixup", "paths")
+
+
+def attention_mode() -> str:
+    """How CUDA tree rows are recomputed (engine/cuda_attention.py): the environment's
+    DOMINOTREE_CUDA_TREE_ATTENTION, "fixup" (the Triton tree kernel, default) or "paths"
+    (FA3 over path requests; its tables are built on the host from the step's trees, so
+    it needs synchronous scheduling)."""
+    mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "fixup")
+    if mode not in CUDA_TREE_ATTENTION_MODES:
+        raise ValueError(
+            f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode!r}; "
+            f"use one of {CUDA_TREE_ATTENTION_MODES}"
+        )
+    return mode
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ clock off and its split with it on. Stages may nest (a step holds its stages).
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -62,27 +62,46 @@ class StageClock:
 
 
 class DraftBuildTimes:
-    """The device seconds of one step's draft and build, measured without a sync of
-    their own: CUDA events at the stage boundaries, read after the build has waited for
-    its trees anyway (on CPU, where the work runs synchronously, the host's clock)."""
+    """The device seconds of each step's draft and build, measured without a sync of
+    their own: CUDA events at the stage boundaries, read once the GPU has passed them
+    (`ready`), a step or so later under asynchronous scheduling (on CPU, where the work
+    runs synchronously, the host's clock, ready at once)."""
 
     DRAFT, DRAFTED, BUILT = 0, 1, 2
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self._events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.cuda else []
-        self._times = [0.0, 0.0, 0.0]
+        self._free: list[list] = []  # event triples to reuse
+        self._pending: deque[list] = deque()  # closed steps, oldest first
+        self._marks = self._new()
+
+    def _new(self) -> list:
+        if not self.cuda:
+            return [0.0, 0.0, 0.0]
+        if self._free:
+            return self._free.pop()
+        return [torch.cuda.Event(enable_timing=True) for _ in range(3)]
 
     def mark(self, point: int) -> None:
         if self.cuda:
-            self._events[point].record()
+            self._marks[point].record()
         else:
-            self._times[point] = time.perf_counter()
+            self._marks[point] = time.perf_counter()
 
-    def seconds(self) -> tuple[float, float]:
-        """(draft, build) of the last marked step; call once BUILT has completed."""
-        if self.cuda:
-            start, drafted, built = self._events
-            return start.elapsed_time(drafted) / 1e3, drafted.elapsed_time(built) / 1e3
-        start, drafted, built = self._times
-        return drafted - start, built - drafted
+    def close(self) -> None:
+        """The step's marks are all set."""
+        self._pending.append(self._marks)
+        self._marks = self._new()
+
+    def ready(self) -> list[tuple[float, float]]:
+        """(draft, build) seconds of the closed steps the device has finished, oldest
+        first; each is returned once."""
+        out = []
+        while self._pending and (not self.cuda or self._pending[0][self.BUILT].query()):
+            start, drafted, built = marks = self._pending.popleft()
+            if self.cuda:
+                out.append((start.elapsed_time(drafted) / 1e3, drafted.elapsed_time(built) / 1e3))
+                self._free.append(marks)
+            else:
+                out.append((drafted - start, built - drafted))
+        return out

@@ -12,6 +12,8 @@ import sys
 import cloudpickle
 import pytest
 
+from vllm_dominotree.tree.ancestry import TOKEN
+
 from .conftest import PROMPTS, assert_sampled_law, dominotree, greedy, make_llm, shutdown
 
 COUNTERS = ("steps", "trees", "accepted_tokens", "sibling_accepts", "kv_moves", "tree_leaves")
@@ -108,7 +110,8 @@ def test_tp2_samples_follow_the_target_distribution(tp_runs, pair_dirs):
 
 
 def _draft_differently_on_rank_1(worker) -> None:
-    """Run inside each worker: rank 1's proposer changes a token of its first tree."""
+    """Run inside each worker: rank 1's proposer changes the last token of its first tree
+    where the next step reads it (the builder's table)."""
     if worker.rank != 1:
         return
     drafter = worker.model_runner.drafter
@@ -116,8 +119,8 @@ def _draft_differently_on_rank_1(worker) -> None:
 
     def perturbed(*args, **kwargs):
         drafts = propose(*args, **kwargs)
-        tree = drafter.last_trees[0]
-        tree.tokens[-1] = (tree.tokens[-1] + 1) % 63
+        tokens = drafter.builder.table[TOKEN, 0, : drafter.builder.slots]
+        tokens[-1] = (tokens[-1] + 1) % 63
         return drafts
 
     drafter.propose = perturbed

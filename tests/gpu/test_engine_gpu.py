@@ -33,7 +33,7 @@ def dirs(tmp_path_factory):
     return write_pair(tmp_path_factory.mktemp("gpu-pair"), PairSpec(noise=0.8, context=1.4))
 
 
-def generate(dirs, speculative_config, prompts=PROMPTS, **kwargs):
+def generate(dirs, speculative_config, prompts=PROMPTS, params=None, **kwargs):
     from vllm import LLM, SamplingParams
 
     # No JIT kernel warm-up (about 30 s per engine start on the H200): the suite must fit
@@ -49,7 +49,7 @@ def generate(dirs, speculative_config, prompts=PROMPTS, **kwargs):
         speculative_config=speculative_config,
         **kwargs,
     )
-    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    params = params or SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     stats = llm.collective_rpc("dominotree_stats")[0] if speculative_config else None
@@ -71,6 +71,8 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
     print(scorer, stats)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["trees"] > 0
+    # vLLM's default for DFlash on CUDA, kept: the next step is prepared while this runs.
+    assert stats["async_scheduling"] is True
     # Decode steps are uniform batches: vLLM replays one FULL graph for them.
     assert stats["full_graph_steps"] > 0.8 * stats["steps"]
     # Every tree came out of the builder's captured graphs (one per padded batch size).
@@ -85,12 +87,19 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
 
 
 def test_mixed_prefill_and_trees_piecewise(dirs, expected):
+    """Also the synchronous scheduling path on CUDA (the user's async_scheduling=False)."""
     config = {"method": "dominotree", "model": str(dirs[1])}
     tokens, stats = generate(
-        dirs, config, prompts=MIXED, max_num_batched_tokens=96, enable_chunked_prefill=True
+        dirs,
+        config,
+        prompts=MIXED,
+        max_num_batched_tokens=96,
+        enable_chunked_prefill=True,
+        async_scheduling=False,
     )
     print("mixed", stats)
     assert tokens == expected
+    assert stats["async_scheduling"] is False
     assert stats["piecewise_steps"] > 0 and stats["full_graph_steps"] > 0
     assert stats["sibling_accepts"] > 0
     # Mixed steps too accept through the graphs (their prefill rows are rows of no tree).
@@ -104,6 +113,28 @@ def test_greedy_eager(dirs, expected):
     assert stats["eager_steps"] == stats["steps"] > 0 and stats["kv_moves"] > 0
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"]
     assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]
+
+
+def test_seeded_sampling_is_the_same_with_and_without_async_scheduling(dirs):
+    """A seeded request's tokens are a function of its seed and the target (keyed noise,
+    engine/acceptance.py): scheduling a step ahead must not change them, mixed prefill
+    and preemption-free decode alike; the sampled steps accept eagerly."""
+    from vllm import SamplingParams
+
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=48, ignore_eos=True)
+        for i in range(len(MIXED))
+    ]
+    config = {"method": "dominotree", "model": str(dirs[1])}
+    runs = {}
+    for mode in (True, False):
+        runs[mode] = generate(dirs, config, prompts=MIXED, params=params, async_scheduling=mode)
+    (on, on_stats), (off, off_stats) = runs[True], runs[False]
+    print("seeded", on_stats, off_stats)
+    assert on_stats["async_scheduling"] is True and off_stats["async_scheduling"] is False
+    assert on == off
+    assert on_stats["eager_accepts"] > 0 and on_stats["accepted_tokens"] > 0
+    assert len({tuple(t) for t in on}) > 1
 
 
 def test_paths_attention_refused_without_fa3(dirs, monkeypatch, capfd):

@@ -29,7 +29,7 @@ from .acceptance import Accepted
 from .tree_step import TreeStep, TreeStepBuffers
 
 # (step, target tokens [>= L], last logits row per request [R], R, width W) ->
-# (the accepted paths, the step's counters [3]); the K/V move happens inside.
+# (the accepted paths, the step's counters [4]); the K/V move happens inside.
 AcceptStage = Callable[
     [TreeStep, torch.Tensor, torch.Tensor, int, int], tuple[Accepted, torch.Tensor]
 ]

@@ -94,7 +94,7 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _mix(z: torch.Tensor) -> torch.Tensor:
+def splitmix(z: torch.Tensor) -> torch.Tensor:
     """splitmix64: a bijection of int64 whose outputs look independent."""
     z = z + _GOLDEN
     z = (z ^ _shift_right(z, 30)) * _MIX1
@@ -111,12 +111,12 @@ def keyed_exponential(
     """[n, vocab] float32 Exp(1) noise, each entry a function of (seed, position, token)
     alone (counter-based, no generator state). Rows in chunks of at most
     `chunk_elements` entries, to bound the int64 temporaries."""
-    keys = _mix(_mix(seeds) ^ positions)  # [n]
+    keys = splitmix(splitmix(seeds) ^ positions)  # [n]
     tokens = torch.arange(vocab, device=seeds.device)
     out = torch.empty(seeds.shape[0], vocab, device=seeds.device)
     step = max(1, chunk_elements // vocab)
     for start in range(0, seeds.shape[0], step):
-        z = _mix(keys[start : start + step, None] ^ tokens[None, :])
+        z = splitmix(keys[start : start + step, None] ^ tokens[None, :])
         uniform = (_shift_right(z, 11).double() + 0.5) * 2.0**-53  # (0, 1)
         out[start : start + step] = -torch.log(uniform)
     return out
@@ -169,10 +169,19 @@ def accept_trees(
 
 
 def step_counters(step: TreeStep, accepted: Accepted) -> torch.Tensor:
-    """[3] long: drafted tokens accepted, accepted nodes that are not their parent's first
-    child, and paths that are not rows 1..k (their K/V moves)."""
+    """[4] long: drafted tokens accepted, accepted nodes that are not their parent's first
+    child, paths that are not rows 1..k (their K/V moves), and the leaves of the verified
+    trees (a chain has one; counted here because only the device knows the trees)."""
     rows = accepted.accepted
     sibling = rows & (step.siblings_before != 0)
     off_place = torch.zeros_like(accepted.num_accepted)
     off_place.index_add_(0, step.request, (rows & (step.offset != step.depth)).long())
-    return torch.stack([rows.sum(), sibling.sum(), (off_place > 0).sum()])
+    tree_row = step.in_tree.bool()
+    has_parent = tree_row & (step.parent_row >= 0)
+    children = torch.zeros(step.num_logits + 1, dtype=torch.long, device=rows.device)
+    children.index_add_(
+        0, torch.where(has_parent, step.parent_row, step.num_logits), torch.ones_like(rows).long()
+    )
+    node = tree_row & ((step.offset == 0) | has_parent)  # the root or a drafted node
+    leaves = (node & (children[: step.num_logits] == 0)).sum()
+    return torch.stack([rows.sum(), sibling.sum(), (off_place > 0).sum(), leaves])

@@ -238,7 +238,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             needs_fix = verification.buffers.token_needs_fix.numpy().astype(bool)
             ancestors = verification.buffers.token_ancestors.numpy()
             fixes = []
-            for t in step.branching:
+            for t in step.trees:
                 rows = slice(t.token_row, t.token_row + t.num_rows)
                 table = md.block_table[t.batch_index]
                 fix = tree_fix(t, needs_fix[rows], ancestors[rows], table, block_size)

@@ -6,8 +6,10 @@ drafter KV cache, non-causal query block) with two differences:
   block_size - 1 masks), not 1 + num_speculative_tokens slots, because the verification
   budget is a tree size, not a block length;
 - instead of sampling one token per mask slot it builds a best-first tree per request
-  from the block's hidden rows and returns the nodes' tokens in topological order.
-The trees themselves are kept (`last_trees`) for the runner's verification step.
+  from the block's hidden rows and returns the nodes' tokens in topological order, as a
+  device tensor: vLLM puts them into the next step's input ids on the device, and the
+  runner describes that step from the builder's table (tree_step.py), so no one waits
+  for the trees (vLLM's asynchronous scheduling runs a step ahead, as for DFlash).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
 from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..stage_clock import DraftBuildTimes
-from ..tree.builder import DraftTree, build_trees
+from ..tree.ancestry import TOKEN
+from ..tree.builder import build_trees
 from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import make_scorer
 
@@ -37,12 +40,9 @@ class DominoTreeProposer(DFlashProposer):
         self.reserved = self.num_speculative_tokens
         self.scorer = None
         self.builder: DeviceTreeBuilder | None = None
-        self.last_trees: list[DraftTree] = []
         self.clock = runner.stage_clock  # the tree runner's: one clock per step
-        # Each step's draft and build seconds (read by the runner after the step's sync)
-        # and how many steps drafted so far.
+        # Each step's draft and build seconds, read by the runner once the GPU is past them.
         self.times = DraftBuildTimes(device)
-        self.timed_steps = 0
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         # The drafter was checked against the target in process 0 (patches/engine_args.py).
@@ -72,6 +72,7 @@ class DominoTreeProposer(DFlashProposer):
             chain=self.options.scorer == "chain",
             max_requests=self.max_batch_size,
             device=self.device,
+            table_width=self.reserved + 1,  # vLLM may schedule up to `reserved` drafts
         )
 
     def capture_builder(self) -> None:
@@ -79,16 +80,14 @@ class DominoTreeProposer(DFlashProposer):
         while vLLM captures its own)."""
         self.builder.capture()
 
-    def _build(self, anchors: torch.Tensor) -> list[DraftTree]:
-        """The trees (marking BUILT when they are complete, before the host waits)."""
+    def _build(self, anchors: torch.Tensor) -> None:
+        """The trees into the builder's table (marking BUILT when they are queued)."""
         if self.device.type == "cuda" or self.builder.chain:
             self.builder.launch(anchors)
-            self.times.mark(self.times.BUILT)
-            return self.builder.collect(anchors.shape[0])
-        self.builder.counts.eager_builds += 1
-        trees = build_trees(self.scorer, anchors.tolist(), self.shape)
+        else:
+            self.builder.counts.eager_builds += 1
+            self.builder.store(build_trees(self.scorer, anchors.tolist(), self.shape))
         self.times.mark(self.times.BUILT)
-        return trees
 
     def _full_embedding(self) -> torch.Tensor:
         """The target's embedding table over the whole vocabulary, [V, H]: the builder
@@ -119,10 +118,10 @@ class DominoTreeProposer(DFlashProposer):
         mm_embed_inputs=None,
         num_rejected_tokens_gpu: torch.Tensor | None = None,
         slot_mappings=None,
-    ) -> list[list[int]]:
-        """Returns each tree's drafted tokens in topological order, padded to the budget
-        (padding is never accepted: the runner verifies against `last_trees`). A host
-        list, which vLLM hands to its scheduler as it is (no device round trip)."""
+    ) -> torch.Tensor:
+        """[R, budget] each tree's drafted tokens in topological order, slots without a
+        node as token 0 (the verification step knows them from the table and never
+        accepts them)."""
         times = self.times
         times.mark(times.DRAFT)
         with self.clock.stage("draft"):
@@ -139,10 +138,11 @@ class DominoTreeProposer(DFlashProposer):
         times.mark(times.DRAFTED)
         with self.clock.stage("build"):
             self.scorer.prepare(hidden, base_logits)
-            self.last_trees = self._build(next_token_ids)
-        self.timed_steps += 1
-        pad = [0] * self.budget
-        return [(tree.tokens[1:] + pad)[: self.budget] for tree in self.last_trees]
+            self._build(next_token_ids)
+        self.times.close()
+        num_reqs = next_token_ids.shape[0]
+        # A new tensor: vLLM keeps it (and may copy it to the host) past the next build.
+        return self.builder.table[TOKEN, :num_reqs, 1 : self.budget + 1].clamp(min=0)
 
     def _draft(
         self,

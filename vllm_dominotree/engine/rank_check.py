@@ -12,9 +12,13 @@ trees would cost one collective per step and still need the same acceptance ever
 
 What must not happen silently is a rank that drafts something else (a kernel that is
 not deterministic across devices, a future change that breaks the argument above): its
-K/V would silently belong to other tokens. So after each build the ranks compare one
-fingerprint of their trees over the CPU group (one small all-gather); a mismatch stops
-the engine with a message naming the ranks. `DOMINOTREE_TP_TREE_CHECK=0` turns it off.
+K/V would silently belong to other tokens. So after each build every rank digests what
+the next step will verify (the builder's table: tokens and parents of every slot) on the
+device, copies the digest to the host without waiting, and at the next build the ranks
+compare the previous digests over the CPU group (one small all-gather); a mismatch stops
+the engine with a message naming the ranks. A step late, so that no step waits for its
+trees; every rank compares at the same builds, so the collectives line up.
+`DOMINOTREE_TP_TREE_CHECK=0` turns it off.
 """
 
 from __future__ import annotations
@@ -23,30 +27,46 @@ import os
 
 import torch
 
-from ..tree.builder import DraftTree
+from ..tree.ancestry import PARENT, TOKEN
+from .acceptance import splitmix
 
 
 def checks_enabled() -> bool:
     return os.environ.get("DOMINOTREE_TP_TREE_CHECK", "1") != "0"
 
 
-def fingerprint(trees: list[DraftTree]) -> int:
-    """A 63-bit digest of the trees' tokens and shapes, equal on equal trees in any
-    process (tuples of ints hash the same everywhere: no hash randomization for ints)."""
-    return hash(tuple((tuple(t.tokens), tuple(t.parents)) for t in trees)) & (2**63 - 1)
+def digest(table: torch.Tensor) -> torch.Tensor:
+    """[] int64: a digest of the slots' tokens and parents ([fields, n, slots] table),
+    equal on equal tables on any device (wrapping integer arithmetic, a fixed order)."""
+    values = table[[TOKEN, PARENT]].flatten()
+    where = torch.arange(values.numel(), device=values.device)
+    return (splitmix(values ^ splitmix(where))).sum()
 
 
 class RankTreeCheck:
-    """Compares the ranks' trees after every build (tensor-parallel engines only)."""
+    """Compares the ranks' trees a build late (tensor-parallel engines only)."""
 
-    def __init__(self, group, rank: int, world_size: int):
+    def __init__(self, group, rank: int, world_size: int, device: torch.device):
         self.group = group  # vLLM's TP CPU (gloo) process group
         self.rank = rank
         self.world_size = world_size
         self.checked = 0
+        self._digest = torch.zeros(1, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self._pending = False
 
-    def __call__(self, trees: list[DraftTree]) -> None:
-        mine = torch.tensor([fingerprint(trees)], dtype=torch.int64)
+    def __call__(self, table: torch.Tensor) -> None:
+        """table: this build's [fields, requests, slots]; the previous build is compared."""
+        if self._pending:
+            if self._copied is not None:
+                self._copied.synchronize()
+            self._compare(self._digest.clone())
+        self._digest.copy_(digest(table)[None], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        self._pending = True
+
+    def _compare(self, mine: torch.Tensor) -> None:
         every = [torch.zeros_like(mine) for _ in range(self.world_size)]
         torch.distributed.all_gather(every, mine, group=self.group)
         values = [int(v) for v in every]
@@ -54,14 +74,14 @@ class RankTreeCheck:
         if len(set(values)) > 1:
             differ = [r for r, v in enumerate(values) if v != values[0]]
             raise RuntimeError(
-                f"dominotree: tensor-parallel ranks built different draft trees at step "
-                f"{self.checked} (ranks {differ} differ from rank 0; fingerprints {values}); "
+                f"dominotree: tensor-parallel ranks built different draft trees at build "
+                f"{self.checked} (ranks {differ} differ from rank 0; digests {values}); "
                 "their K/V would belong to different tokens, so the engine stops here. "
                 "This is a bug: please report it with the model and options used"
             )
 
 
-def make_rank_check() -> RankTreeCheck | None:
+def make_rank_check(device: torch.device) -> RankTreeCheck | None:
     from vllm.distributed.parallel_state import (
         get_tensor_model_parallel_rank,
         get_tensor_model_parallel_world_size,
@@ -71,4 +91,4 @@ def make_rank_check() -> RankTreeCheck | None:
     world = get_tensor_model_parallel_world_size()
     if world == 1 or not checks_enabled():
         return None
-    return RankTreeCheck(get_tp_group().cpu_group, get_tensor_model_parallel_rank(), world)
+    return RankTreeCheck(get_tp_group().cpu_group, get_tensor_model_parallel_rank(), world, device)

@@ -13,11 +13,16 @@ One step, in vLLM's own order (execute_model, then sample_tokens):
              steps on CUDA replay both as one graph (accept_graphs.py). Then, right
              before the proposer runs, the drafter's rows reordered (root, path, rest)
              at linear positions.
-5. propose   the proposer (`DominoTreeProposer`) drafts the next trees, kept per request.
+5. propose   the proposer (`DominoTreeProposer`) drafts the next trees into the builder's
+             table on the device; the next step's prepare reads them there.
+Nothing in a step waits for the device beyond what vLLM's own step waits for, so vLLM's
+asynchronous scheduling (its default for DFlash on CUDA) prepares the next step while the
+GPU runs this one; the step's figures and the tensor-parallel check are read a step late.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -25,19 +30,19 @@ import torch
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.outputs import SamplerOutput
 
+from ..config import attention_mode
 from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
-from ..tree.builder import DraftTree
 from .accept_graphs import AcceptGraphs
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .commit import CpuPathKVMover, drafter_rows_first
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
-from .tree_paths import PathTables, attention_mode, request_path_specs, slot_view
-from .tree_step import TreeStep, TreeStepBuffers, TreeVerification, install, tree_rows
+from .tree_paths import PathTables, request_path_specs, slot_view
+from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 
 
 @dataclass
@@ -74,6 +79,44 @@ class DominoTreeStats:
         return self.tree_leaves / max(1, self.trees)
 
 
+class StepCounts:
+    """Each step's device counters (acceptance.step_counters) copied to pinned host memory
+    without a wait, and read with the step's host figures once the copy has landed."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._free: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self._pending: deque[tuple[torch.Tensor, torch.cuda.Event | None, DominoTreeStats]] = (
+            deque()
+        )
+
+    def push(self, counters: torch.Tensor, host: DominoTreeStats) -> None:
+        if self._free:
+            copy, event = self._free.pop()
+        else:
+            copy = torch.zeros(4, dtype=torch.long, pin_memory=self.cuda)
+            event = torch.cuda.Event() if self.cuda else None
+        copy.copy_(counters, non_blocking=True)
+        if event is not None:
+            event.record()
+        self._pending.append((copy, event, host))
+
+    def landed(self, wait: bool) -> list[tuple[DominoTreeStats, list[int]]]:
+        """The steps whose counters are on the host (all of them with `wait`), in order."""
+        out = []
+        while self._pending:
+            copy, event, host = self._pending[0]
+            if event is not None:
+                if wait:
+                    event.synchronize()
+                elif not event.query():
+                    break
+            self._pending.popleft()
+            out.append((host, copy.tolist()))
+            self._free.append((copy, event))
+        return out
+
+
 class DominoTreeWorkerMixin:
     """Mixed into the DominoTree workers: the RPCs the tests and benchmarks call."""
 
@@ -85,6 +128,8 @@ class DominoTreeWorkerMixin:
             "mean_accept_length": stats.mean_accept_length,
             "mean_leaves": stats.mean_leaves,
             "stage_seconds": dict(self.model_runner.stage_clock.seconds),
+            # vLLM's asynchronous scheduling (the next step prepared while this one runs)
+            "async_scheduling": bool(self.model_runner.use_async_scheduling),
         }
 
     def dominotree_profile(self, enabled: bool) -> None:
@@ -116,15 +161,13 @@ class DominoTreeRunnerMixin:
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
         self.launch_trace = LaunchTrace()
         self._stats = DominoTreeStats()  # builds excepted (the proposer's builder counts)
-        # This step's figures, folded into the stats once vLLM's copy of the sampled
-        # tokens has synced the step: the counts known on the host, and the device's
-        # (accepted tokens, sibling accepts, K/V moves) copied beside vLLM's tokens.
-        self._step_stats: DominoTreeStats | None = None
-        self._step_counts = torch.zeros(3, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        # Each step's figures: the counts known on the host, and the device's (accepted
+        # tokens, sibling accepts, K/V moves, leaves), folded into the stats once landed.
+        self._step_counts = StepCounts(self.device)
         self._metrics = None  # the block /metrics reads (metrics.py), on the first rank
         self._published = DominoTreeStats()  # what the block holds
-        self._timed_steps = 0  # the proposer's steps whose times are in the block
-        self._trees: dict[str, DraftTree] = {}  # request id -> the tree proposed for it
+        # Request id -> its row in the builder's table, for the trees proposed last step.
+        self._proposed: dict[str, int] = {}
         self._tree_buffers = TreeStepBuffers(self.max_num_tokens, self.device)
         self._step: TreeStep | None = None
         self._accepted: Accepted | None = None
@@ -150,7 +193,8 @@ class DominoTreeRunnerMixin:
                 device=self.device,
             )
         install(self._verification)
-        self._rank_check = make_rank_check()  # tensor parallelism: the ranks' trees agree
+        # Tensor parallelism: the ranks' trees agree.
+        self._rank_check = make_rank_check(self.device)
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures
             self._metrics = engine_block()
 
@@ -200,7 +244,7 @@ class DominoTreeRunnerMixin:
         if tables is None:
             return
         specs = []
-        for tree in step.branching if step is not None else []:
+        for tree in step.trees if step is not None else []:
             ancestors, needs_fix = self._tree_buffers.host_bits(tree)
             specs += request_path_specs(
                 tree.batch_index, tree.start, tree.token_row, ancestors, needs_fix
@@ -221,6 +265,7 @@ class DominoTreeRunnerMixin:
         return out
 
     def read_stats(self) -> DominoTreeStats:
+        self._fold_step_stats(wait=True)
         builds = self.drafter.builder.counts
         return replace(
             self._stats, graph_builds=builds.graph_builds, eager_builds=builds.eager_builds
@@ -246,9 +291,9 @@ class DominoTreeRunnerMixin:
         self._verification.step = self._step
         if self._step is not None:
             self.positions[: self._step.num_tokens] += self._step.token_delta
-        # Consumed: if the drafter is skipped this step (input too long), the scheduler
-        # gets zero drafts, which then verify as a plain chain.
-        self._trees = {}
+        # Consumed: if the drafter is skipped this step (input too long), vLLM schedules
+        # zero drafts, which then verify as the table's no-tree chain (never accepted).
+        self._proposed = {}
         return out
 
     def _describe_trees(self, scheduler_output, num_scheduled_tokens, spec_decode_metadata):
@@ -257,7 +302,6 @@ class DominoTreeRunnerMixin:
             return None
         batch = self.input_batch
         num_reqs = batch.num_reqs
-        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         num_drafts = np.asarray(spec_decode_metadata.num_draft_tokens)
         # Each request's first row in the forward's tokens and among the logits (the root
         # and its drafts), in batch order.
@@ -266,14 +310,20 @@ class DominoTreeRunnerMixin:
         logits_per_request = num_drafts + 1
         logits_ends = np.cumsum(logits_per_request)
         logits_starts = logits_ends - logits_per_request
-        trees = []
-        for i, req_id in enumerate(batch.req_ids[:num_reqs]):
-            if num_drafts[i]:
-                start = int(batch.num_computed_tokens_cpu[i])
-                drafts, tree = list(spec_tokens[req_id]), self._trees.get(req_id)
-                trees.append(
-                    tree_rows(i, int(token_starts[i]), int(logits_starts[i]), start, drafts, tree)
-                )
+        table = self.drafter.builder.table
+        no_tree = self.drafter.builder.no_tree_row
+        trees = [
+            TreeRows(
+                i,
+                int(token_starts[i]),
+                int(logits_starts[i]),
+                int(batch.num_computed_tokens_cpu[i]),
+                int(num_drafts[i]) + 1,
+                self._proposed.get(req_id, no_tree),
+            )
+            for i, req_id in enumerate(batch.req_ids[:num_reqs])
+            if num_drafts[i]
+        ]
         logits_requests = np.repeat(np.arange(num_reqs), logits_per_request)
         # A request's logits rows are its last 1 + drafts scheduled tokens.
         token_ends = token_starts + tokens_per_request
@@ -286,6 +336,7 @@ class DominoTreeRunnerMixin:
             logits_requests=logits_requests,
             logits_ranges=list(zip(logits_starts.tolist(), logits_ends.tolist(), strict=True)),
             logits_token_rows=logits_token_rows,
+            table=table,
         )
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
@@ -334,12 +385,13 @@ class DominoTreeRunnerMixin:
             else:
                 self._stats.graph_accepts += 1
             accepted, counters = result
-            self._step_counts.copy_(counters, non_blocking=True)
-            self._step_stats = DominoTreeStats(
-                steps=int(bool(step.trees)),
-                trees=len(step.trees),
-                tree_nodes=sum(t.num_rows - 1 for t in step.trees),
-                tree_leaves=step.leaves,
+            self._step_counts.push(
+                counters,
+                DominoTreeStats(
+                    steps=int(bool(step.trees)),
+                    trees=len(step.trees),
+                    tree_nodes=sum(t.num_rows - 1 for t in step.trees),
+                ),
             )
             self._accepted = accepted
         return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=None)
@@ -397,18 +449,17 @@ class DominoTreeRunnerMixin:
             out = super()._bookkeeping_sync(*args, **kwargs)
         finally:
             generators.update(hidden)
-        self._fold_step_stats()  # vLLM's copy of the sampled tokens has synced the step
+        self._fold_step_stats(wait=False)
         return out
 
-    def _fold_step_stats(self) -> None:
-        step, self._step_stats = self._step_stats, None
-        if step is not None:
-            accepted, siblings, moves = self._step_counts.tolist()
-            stats = self._stats
+    def _fold_step_stats(self, wait: bool) -> None:
+        """The landed steps' figures into the stats (and the /metrics block)."""
+        stats = self._stats
+        for step, (accepted, siblings, moves, leaves) in self._step_counts.landed(wait):
             stats.steps += step.steps
             stats.trees += step.trees
             stats.tree_nodes += step.tree_nodes
-            stats.tree_leaves += step.tree_leaves
+            stats.tree_leaves += leaves
             stats.accepted_tokens += accepted
             stats.sibling_accepts += siblings
             stats.kv_moves += moves
@@ -417,17 +468,18 @@ class DominoTreeRunnerMixin:
 
     def _publish(self) -> None:
         """The figures since the last publication into the /metrics block."""
-        now, before = self.read_stats(), self._published
+        builds = self.drafter.builder.counts
+        now = replace(
+            self._stats, graph_builds=builds.graph_builds, eager_builds=builds.eager_builds
+        )
+        before = self._published
         self._metrics.add(
             {name: getattr(now, name) - getattr(before, name) for name in METRIC_COUNTERS}
         )
         self._published = now
-        drafter = self.drafter
-        if drafter.timed_steps > self._timed_steps:  # this step drafted (its build waited)
-            draft, build = drafter.times.seconds()
+        for draft, build in self.drafter.times.ready():
             self._metrics.observe("draft_seconds", draft)
             self._metrics.observe("build_seconds", build)
-            self._timed_steps = drafter.timed_steps
 
     # 4. commit the drafter's rows, 5. propose ------------------------------------------
     def propose_draft_token_ids(
@@ -455,6 +507,6 @@ class DominoTreeRunnerMixin:
         )
         req_ids = self.input_batch.req_ids[: self.input_batch.num_reqs]
         if self._rank_check is not None:
-            self._rank_check(self.drafter.last_trees)
-        self._trees = dict(zip(req_ids, self.drafter.last_trees, strict=True))
+            self._rank_check(self.drafter.builder.table[:, : len(req_ids)])
+        self._proposed = {req_id: i for i, req_id in enumerate(req_ids)}
         return drafts

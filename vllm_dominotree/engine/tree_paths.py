@@ -20,22 +20,10 @@ without paths leaves every request empty (the call then computes nothing).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-MODES = ("fixup", "paths")
-
-
-def attention_mode() -> str:
-    """How CUDA tree rows are recomputed (cuda_attention.py): DOMINOTREE_CUDA_TREE_ATTENTION,
-    "fixup" (the Triton tree kernel, default) or "paths" (FA3 over path requests)."""
-    mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "fixup")
-    if mode not in MODES:
-        raise ValueError(f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode!r}; use one of {MODES}")
-    return mode
 
 
 def split_into_paths(ancestors: np.ndarray, needs_fix: np.ndarray) -> list[tuple[list[int], int]]:

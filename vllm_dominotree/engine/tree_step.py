@@ -2,13 +2,17 @@
 
 The scheduler gives every request 1 + n verification rows: the root (the last committed
 token) and the n drafts the proposer returned last step, in the tree's topological order
-(possibly cut short by the scheduler, which keeps a closed subtree, or padded). Rows keep
-their own KV slots; only positions and attention follow the tree.
+(possibly cut short by the scheduler, which keeps a closed subtree). Rows keep their own
+KV slots; only positions and attention follow the tree.
 
 The runner describes the step once, before the target's forward (`TreeStepBuffers.
 publish`), in persistent device buffers that the forward only reads. They keep their
 addresses for the engine's life, so a forward captured in a CUDA graph reads each step's
-trees at replay. Per row r of a tree (offset i from its root):
+trees at replay. The host knows the step's layout (which rows belong to which request);
+what the trees hold comes from the builder's table on the device (tree/device_builder.py,
+one row per request of the last build), gathered there: the host never waits for the
+trees, which is what lets vLLM's asynchronous scheduling run a step ahead. Per row r of a
+tree (offset i from its root):
   ancestors   bit j - 1 set iff the tree's row j (j >= 1) is r or one of its ancestors
               (the root is seen by every row and has no bit; 64 bits cover budget 64)
   needs_fix   1 iff r's ancestor set is not its causal prefix, i.e. the stock causal
@@ -16,11 +20,11 @@ trees at replay. Per row r of a tree (offset i from its root):
   delta       tree position - linear position (depth - i, <= 0)
 and per logits row (the rows the target's logits come back for, same order):
   request (for every logits row), in_tree, offset, depth, parent_row (its parent's
-  logits row, -1 for roots and padding), ancestors, siblings_before (bits of its
-  earlier siblings), token (its draft token; -1 for roots and padding, so it never
-  matches) and token_row (its row in the forward: for a tree's rows the tree's rows, for
-  a prefill's sampled row its last token's). Rows outside trees carry in_tree 0 and
-  parent_row -1.
+  logits row, -1 for roots and slots without a node), ancestors, siblings_before (bits
+  of its earlier siblings), token (its draft token; -1 for roots and slots without a
+  node, so it never matches) and token_row (its row in the forward: for a tree's rows
+  the tree's rows, for a prefill's sampled row its last token's). Rows outside trees
+  carry in_tree 0 and parent_row -1.
 """
 
 from __future__ import annotations
@@ -30,85 +34,36 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..tree.ancestry import tree_bits
-from ..tree.builder import DraftTree
+from ..tree.ancestry import ANCESTORS, DEPTH, NEEDS_FIX, PARENT, SIBLINGS, TOKEN
 from .tree_paths import PathTables
-
-PAD_PARENT = -2  # a row the scheduler kept beyond its tree: never accepted, never fixed
 
 # Rows of the staging buffers (one int64 array, one host-to-device copy per step).
 _TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA = 0, 1, 2
 _REQUEST, _OFFSET, _ANCESTORS, _SIBLINGS, _TOKEN, _TOKEN_ROW, _DEPTH = 3, 4, 5, 6, 7, 8, 9
 _PARENT_ROW, _IN_TREE = 10, 11
-_FIELDS = 12
-# The fields publish writes per tree row, in its order: by forward row, by logits row.
-_PER_TOKEN_FIELDS = np.array([_TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA])[:, None]
-_PER_LOGIT_FIELDS = np.array(
-    [_IN_TREE, _OFFSET, _ANCESTORS, _SIBLINGS, _TOKEN, _PARENT_ROW, _DEPTH]
-)[:, None]
+# Written by the host for the gather only: each tree row's slot in the flattened table
+# (-1 for rows of no tree), by forward row and by logits row, and each tree logits row's
+# root row among the logits.
+_TOKEN_SLOT, _LOGITS_SLOT, _FIRST_LOGITS_ROW = 12, 13, 14
+_FIELDS = 15
 _CACHED_VIEWS = 256  # distinct step sizes whose views TreeStepBuffers keeps
 
 
 @dataclass
 class TreeRows:
-    """A request's verification rows in this step (host side)."""
+    """A request's verification rows in this step, as the host knows them (what the
+    tree holds stays on the device, in the builder's table)."""
 
     batch_index: int  # the request's row in the batch
     token_row: int  # its first row in the forward's flattened tokens
     logits_row: int  # its first row among the logits
-    start: int  # position of the root (num_computed_tokens)
-    tokens: list[int]  # per row: the root's anchor, then the drafts
-    parents: list[int]  # per row: -1 for the root, PAD_PARENT for padding rows
-    depths: list[int]  # per row
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.parents)
-
-    @property
-    def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents))
-
-
-def tree_rows(
-    batch_index: int,
-    token_row: int,
-    logits_row: int,
-    start: int,
-    drafts: list[int],
-    tree: DraftTree | None,
-) -> TreeRows:
-    """Match the scheduled drafts against the tree proposed for them. Placeholder drafts
-    (-1, scheduled before any proposal) and a missing tree verify as a chain of those
-    tokens, which the target never matches. Real drafts that differ from the tree are a
-    bug, and fail loudly rather than verifying a different tree than was drafted."""
-    n = len(drafts)
-    if tree is None or all(t < 0 for t in drafts):
-        return TreeRows(
-            batch_index,
-            token_row,
-            logits_row,
-            start,
-            [-1, *drafts],
-            list(range(-1, n)),
-            list(range(n + 1)),
-        )
-    num_real = min(n + 1, tree.num_nodes)
-    if drafts[: num_real - 1] != tree.tokens[1:num_real]:
-        raise RuntimeError(
-            f"dominotree: scheduled drafts {drafts[:8]}... differ from the proposed tree "
-            f"{tree.tokens[1:9]}...; the runner lost track of its trees"
-        )
-    pad = n + 1 - num_real
-    return TreeRows(
-        batch_index,
-        token_row,
-        logits_row,
-        start,
-        [tree.tokens[0], *drafts],
-        tree.parents[:num_real] + [PAD_PARENT] * pad,
-        tree.depths[:num_real] + [1] * pad,
-    )
+    # The root's position (num_computed_tokens). Exact under synchronous scheduling (the
+    # CPU, DOMINOTREE_CUDA_TREE_ATTENTION=paths); under asynchronous scheduling the
+    # host's count assumes every draft was accepted, and only the device positions
+    # (vLLM's, corrected on the GPU) are right, so nothing on that path reads it.
+    start: int
+    num_rows: int  # 1 + the drafts scheduled
+    table_row: int  # the tree's row in the builder's table (its no-tree row: no tree)
 
 
 @dataclass(frozen=True)
@@ -131,12 +86,9 @@ class TreeStep:
     depth: torch.Tensor
     parent_row: torch.Tensor
     width: int  # rows of the widest tree
-    leaves: int  # leaves over all trees (a chain has one)
-    any_fix: bool  # some row's output must be recomputed (a branching tree)
-
-    @property
-    def branching(self) -> list[TreeRows]:
-        return [t for t in self.trees if not t.is_chain]
+    # Some row's output may need recomputing: a tree of more than two rows (whether it
+    # branches is known on the device only).
+    any_fix: bool
 
 
 class TreeStepBuffers:
@@ -167,10 +119,12 @@ class TreeStepBuffers:
         logits_requests: np.ndarray,
         logits_ranges: list[tuple[int, int]],
         logits_token_rows: np.ndarray,
+        table: torch.Tensor,
     ) -> TreeStep:
         """logits_requests: [L] the request (batch index) of every logits row;
         logits_ranges: per request, its logits rows [first, end); logits_token_rows: [L]
-        each logits row's row in the forward (vLLM's logits indices)."""
+        each logits row's row in the forward (vLLM's logits indices); table: the
+        builder's described slots, [fields, rows, slots] on the device."""
         num_logits = len(logits_requests)
         columns = max(num_tokens, num_logits, self._dirty)
         if columns > self.capacity:
@@ -178,52 +132,61 @@ class TreeStepBuffers:
         h = self._host
         h[:, :columns] = 0
         h[_REQUEST, :num_logits] = logits_requests
-        h[_PARENT_ROW, :columns] = -1
         h[_TOKEN_ROW, :num_logits] = logits_token_rows
-        width = max((t.num_rows for t in trees), default=1)
-        parents = np.full((len(trees), width), PAD_PARENT, dtype=np.int64)
-        depths = np.zeros((len(trees), width), dtype=np.int64)
-        tokens = np.zeros((len(trees), width), dtype=np.int64)
-        for b, t in enumerate(trees):
-            parents[b, : t.num_rows] = t.parents
-            depths[b, : t.num_rows] = t.depths
-            tokens[b, : t.num_rows] = t.tokens
-        ancestors, siblings, needs_fix = tree_bits(parents)
-        # Every tree row at once: its column among the forward's tokens and the logits.
-        offsets = np.arange(width)
+        h[[_PARENT_ROW, _TOKEN_SLOT, _LOGITS_SLOT], :columns] = -1
+        # Every tree row at once: its column among the forward's tokens and the logits,
+        # and its slot in the table.
+        slots = table.shape[2]
         num_rows = np.array([t.num_rows for t in trees], dtype=np.int64)
+        if num_rows.max(initial=0) > slots:
+            raise RuntimeError(
+                f"dominotree: a request was scheduled {num_rows.max() - 1} drafts, more than "
+                f"the {slots - 1} the tree table holds; the runner lost track of its trees"
+            )
+        offsets = np.arange(num_rows.max(initial=1))
         valid = offsets[None, :] < num_rows[:, None]  # [B, width]
         first_tokens = np.array([t.token_row for t in trees], dtype=np.int64)[:, None]
         first_logits = np.array([t.logits_row for t in trees], dtype=np.int64)[:, None]
+        table_rows = np.array([t.table_row for t in trees], dtype=np.int64)[:, None]
         tok, log = (first_tokens + offsets)[valid], (first_logits + offsets)[valid]
-        real_parent = parents >= 0
-        h[_PER_TOKEN_FIELDS, tok[None, :]] = np.stack(
-            [ancestors[valid], needs_fix[valid], (depths - offsets)[valid]]
-        )
-        h[_PER_LOGIT_FIELDS, log[None, :]] = np.stack(
-            [
-                np.ones_like(log),
-                np.broadcast_to(offsets, valid.shape)[valid],
-                ancestors[valid],
-                siblings[valid],
-                np.where(real_parent, tokens, -1)[valid],
-                np.where(real_parent, first_logits + parents, -1)[valid],
-                depths[valid],
-            ]
-        )
+        slot = (table_rows * slots + offsets)[valid]
+        h[_TOKEN_SLOT, tok] = slot
+        h[_LOGITS_SLOT, log] = slot
+        h[_FIRST_LOGITS_ROW, log] = np.broadcast_to(first_logits, valid.shape)[valid]
+        h[_IN_TREE, log] = 1
+        h[_OFFSET, log] = np.broadcast_to(offsets, valid.shape)[valid]
         self.device_rows[:, :columns].copy_(self.host[:, :columns], non_blocking=True)
         self._dirty = max(num_tokens, num_logits)
-        has_child = np.zeros_like(parents, dtype=bool)
-        b_idx, r_idx = np.nonzero(parents >= 0)
-        has_child[b_idx, parents[b_idx, r_idx]] = True
-        real = parents != PAD_PARENT
+        if trees:
+            self._gather(table, num_tokens, num_logits)
         return replace(
             self.view(num_tokens, num_logits),
             trees=trees,
             logits_ranges=logits_ranges,
-            width=width,
-            leaves=int((real & ~has_child).sum()),
-            any_fix=bool(needs_fix.any()),
+            width=int(num_rows.max(initial=1)),
+            any_fix=bool((num_rows > 2).any()),
+        )
+
+    def _gather(self, table: torch.Tensor, num_tokens: int, num_logits: int) -> None:
+        """The tree fields of the step's rows, from the table on the device."""
+        d, flat = self.device_rows, table.view(table.shape[0], -1)
+        slot = d[_TOKEN_SLOT, :num_tokens]
+        inside = slot >= 0
+        at = slot.clamp(min=0)
+        v = flat[:, at]  # [fields, T]
+        offset = at % table.shape[2]
+        d[_TOKEN_ANCESTORS : _TOKEN_DELTA + 1, :num_tokens] = torch.where(
+            inside, torch.stack([v[ANCESTORS], v[NEEDS_FIX], v[DEPTH] - offset]), 0
+        )
+        slot = d[_LOGITS_SLOT, :num_logits]
+        inside = slot >= 0
+        v = flat[:, slot.clamp(min=0)]  # [fields, L]
+        node = inside & (v[PARENT] >= 0)  # a drafted node (not the root, not an empty slot)
+        d[[_ANCESTORS, _SIBLINGS, _DEPTH], :num_logits] = torch.where(
+            inside, v[[ANCESTORS, SIBLINGS, DEPTH]], 0
+        )
+        d[[_TOKEN, _PARENT_ROW], :num_logits] = torch.where(
+            node, torch.stack([v[TOKEN], d[_FIRST_LOGITS_ROW, :num_logits] + v[PARENT]]), -1
         )
 
     def view(self, num_tokens: int, num_logits: int) -> TreeStep:
@@ -253,15 +216,16 @@ class TreeStepBuffers:
             depth=d[_DEPTH, :num_logits],
             parent_row=d[_PARENT_ROW, :num_logits],
             width=1,
-            leaves=0,
             any_fix=False,
         )
         return self._views[key]
 
     def host_bits(self, tree: TreeRows) -> tuple[np.ndarray, np.ndarray]:
-        """(ancestors, needs_fix) of a published tree's rows, from the host staging."""
+        """(ancestors, needs_fix) of a published tree's rows, read back from the device
+        (a wait: the synchronous paths only)."""
         rows = slice(tree.token_row, tree.token_row + tree.num_rows)
-        return self._host[_TOKEN_ANCESTORS, rows], self._host[_TOKEN_NEEDS_FIX, rows] != 0
+        bits = self.device_rows[_TOKEN_ANCESTORS : _TOKEN_NEEDS_FIX + 1, rows].cpu().numpy()
+        return bits[0], bits[1] != 0
 
     @property
     def token_ancestors(self) -> torch.Tensor:

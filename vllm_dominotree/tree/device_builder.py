@@ -5,9 +5,16 @@ for bit), computed without a host round trip: a tree of budget B takes exactly B
 each one argmax over the frontier of every request at once, and the scorer's per-node
 step for the popped nodes. On CUDA the whole build (B pops, B - 1 scorer steps, the
 root's) is one CUDA graph per padded batch size, captured at engine start; the host
-reads the finished trees with one copy. The same function runs eagerly on CPU (the
-tests' equality with the heap); CPU engines build with the heap itself, which costs
-fewer torch calls there.
+reads the finished trees with one copy, off the step's critical path (the tensor-parallel
+check and the tests read them). The same function runs eagerly on CPU (the tests'
+equality with the heap); CPU engines build with the heap itself, which costs fewer torch
+calls there, and `store` files its trees where the graph writes them.
+
+What the next verification step reads is `table` ([fields, requests + 1, slots], the
+slots described by tree/ancestry.describe_slots): it stays on the device, so the runner
+describes that step without waiting for the trees (engine/tree_step.py). Its last row is
+a fixed chain of tokens that never match, for requests scheduled with drafts that no
+tree of the last build belongs to.
 
 Per request, node slots 0..B hold the tree in pop order (slot 0 the root) and slot B + 1
 is a scratch slot that requests without a pop write. The frontier is per slot: a node
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .ancestry import NUM_FIELDS, describe_slots
 from .builder import DraftTree, TreeShape
 from .scorers import ConditionalScorer, MarginalScorer, compiled, padded_rows
 
@@ -54,6 +62,7 @@ class DeviceTreeBuilder:
         chain: bool,
         max_requests: int,
         device: torch.device,
+        table_width: int | None = None,
     ):
         self.scorer, self.shape, self.chain = scorer, shape, chain
         self.max_requests, self.device = max_requests, device
@@ -65,6 +74,19 @@ class DeviceTreeBuilder:
         self.trees = torch.zeros(r, 4, self.slots, device=device, dtype=torch.float64)
         pinned = device.type == "cuda"
         self.trees_host = torch.zeros(r, 4, self.slots, dtype=torch.float64, pin_memory=pinned)
+        self._copied = torch.cuda.Event() if pinned else None  # trees_host is complete
+        self._stored: list[DraftTree] = []  # the heap's trees (store)
+        # The verification step's view of the trees, `table_width` slots per request (at
+        # least the tree's; more when vLLM may schedule more drafts than the budget, as
+        # on CPU, where it reserves the drafter's block): the tree's slots, then slots
+        # without a node. Row r: the no-tree chain, as wide as the table.
+        width = max(table_width or self.slots, self.slots)
+        self.table = torch.zeros(NUM_FIELDS, r + 1, width, device=device, dtype=torch.long)
+        self.no_tree_row = r
+        column = torch.arange(width, device=device).expand(r + 1, width).clone()
+        tokens, parents = torch.full_like(column, -1), torch.full_like(column, UNUSED)
+        parents[r], column[:r] = column[r] - 1, 0
+        describe_slots(tokens, parents, column, self.table)
         self.tokens = torch.zeros(r, n, device=device, dtype=torch.long)
         self.parents = torch.zeros(r, n, device=device, dtype=torch.long)
         self.depths = torch.zeros(r, n, device=device, dtype=torch.long)
@@ -103,11 +125,23 @@ class DeviceTreeBuilder:
             self._grow(p)
             self.counts.eager_builds += 1
         self.trees_host[:n].copy_(self.trees[:n], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        self._stored = []
+
+    def store(self, trees: list[DraftTree]) -> None:
+        """File trees built elsewhere (the host heap) where a build writes them."""
+        slots = (t.to(self.device) for t in slot_tensors(trees, self.slots))
+        describe_slots(*slots, self.table[:, : len(trees), : self.slots])
+        self._stored = trees
 
     def collect(self, n: int) -> list[DraftTree]:
-        """The n trees of the last launch, once they are on the host."""
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+        """The n trees of the last launch (or store), once they are on the host: one
+        wait for the launch's copy, which by the next step has long completed."""
+        if self._stored:
+            return self._stored[:n]
+        if self._copied is not None:
+            self._copied.synchronize()
         return _draft_trees(self.trees_host[:n].numpy())
 
     @torch.no_grad()
@@ -132,17 +166,7 @@ class DeviceTreeBuilder:
         """The whole build for p padded rows, from self.anchors into self.trees."""
         anchors, rows = self.anchors[:p], self.rows[:p]
         if self.chain:
-            drafts, logprobs = self.scorer.chain(anchors)  # [p, K] each
-            k = drafts.shape[1]
-            scores = [torch.zeros_like(logprobs[:, 0])]
-            for d in range(k):  # sequential float64 sums, as the heap's
-                scores.append(scores[-1] + logprobs[:, d])
-            out = self.trees[:p]
-            out[:, 0, : k + 1] = torch.cat([anchors[:, None], drafts], 1).double()
-            out[:, 1, : k + 1] = torch.arange(-1, k, device=self.device).double()
-            out[:, 2, : k + 1] = torch.arange(k + 1, device=self.device).double()
-            out[:, 3, : k + 1] = torch.stack(scores, 1)
-            out[:, :, k + 1 :] = UNUSED
+            self._grow_chain(p)
             return
         self.tokens[:p] = -1
         self.tokens[:p, 0] = anchors
@@ -186,9 +210,33 @@ class DeviceTreeBuilder:
                 self.seqs[2 * t],
                 self.seqs[2 * t + 1],
             )
+        self._finish(p)
+
+    def _grow_chain(self, p: int) -> None:
+        """The chain: the scorer's unrolled decoder, one block."""
+        anchors = self.anchors[:p]
+        drafts, logprobs = self.scorer.chain(anchors)  # [p, K] each
+        k = drafts.shape[1]
+        scores = [torch.zeros_like(logprobs[:, 0])]
+        for d in range(k):  # sequential float64 sums, as the heap's
+            scores.append(scores[-1] + logprobs[:, d])
+        self.tokens[:p] = -1
+        self.tokens[:p, : k + 1] = torch.cat([anchors[:, None], drafts], 1)
+        self.parents[:p] = UNUSED
+        self.parents[:p, : k + 1] = torch.arange(-1, k, device=self.device)
+        self.depths[:p] = 0
+        self.depths[:p, : k + 1] = torch.arange(k + 1, device=self.device)
+        self.scores[:p] = 0
+        self.scores[:p, : k + 1] = torch.stack(scores, 1)
+        self._finish(p)
+
+    def _finish(self, p: int) -> None:
+        """The built slots into the host's copy source and the verification table."""
         out, s = self.trees[:p], self.slots
-        out[:, 0], out[:, 1] = self.tokens[:p, :s], self.parents[:p, :s]
-        out[:, 2], out[:, 3] = self.depths[:p, :s], self.scores[:p, :s]
+        tokens, parents, depths = self.tokens[:p, :s], self.parents[:p, :s], self.depths[:p, :s]
+        out[:, 0], out[:, 1] = tokens, parents
+        out[:, 2], out[:, 3] = depths, self.scores[:p, :s]
+        describe_slots(tokens, parents, depths, self.table[:, :p, :s])
 
     def _advance_rows(
         self,
@@ -251,6 +299,23 @@ class DeviceTreeBuilder:
         )
         expand = pop & (depth < shape.max_depth) & (count - 1 < shape.budget)
         return node, parent, token, depth, expand
+
+
+def slot_tensors(
+    trees: list[DraftTree], slots: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host trees in the builder's slot form: tokens, parents, depths, each [n, slots]
+    long (slots past a tree's nodes: token -1, parent UNUSED, depth 0)."""
+    n = len(trees)
+    tokens = torch.full((n, slots), -1, dtype=torch.long)
+    parents = torch.full((n, slots), UNUSED, dtype=torch.long)
+    depths = torch.zeros((n, slots), dtype=torch.long)
+    for i, tree in enumerate(trees):
+        k = tree.num_nodes
+        tokens[i, :k] = torch.tensor(tree.tokens)
+        parents[i, :k] = torch.tensor(tree.parents)
+        depths[i, :k] = torch.tensor(tree.depths)
+    return tokens, parents, depths
 
 
 def _draft_trees(rows: np.ndarray) -> list[DraftTree]:
