@@ -3,7 +3,7 @@ and plain decoding, on random weights of a real shape.
 
     python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
         [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain marginal conditional] \\
-        [--tokens 64] [--enforce-eager]
+        [--tokens 64] [--enforce-eager] [--no-split]
 
 A plugin method with the suffix `-sync` (e.g. `conditional-sync`) runs with vLLM's
 synchronous scheduling instead of its default (asynchronous on CUDA).
@@ -208,7 +208,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 "accept_length": (args.tokens - 1) / rounds,
                 "ms_per_round": 1e3 * seconds / rounds,
             }
-            if base in ("chain", "marginal", "conditional"):
+            if base in ("chain", "marginal", "conditional") and not args.no_split:
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 stats = llm.collective_rpc("dominotree_stats")[0]
@@ -359,6 +359,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--models", type=Path, help="where the random models go (default: --out)")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--no-split",
+        action="store_true",
+        help="the unprofiled round only (no stage-clock or traced pass: a shorter call)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one method here
     args = parser.parse_args()
     models = args.models or args.out / "models"

@@ -65,7 +65,7 @@ def random_step(seed: int, vocab: int = 3, buffers: TreeStepBuffers | None = Non
         np.array(logits_requests),
         list(zip(starts.tolist(), ends.tolist(), strict=True)),
         np.array(logits_token_rows),
-        table_of([tree for _, tree in host]),
+        table_of([tree for _, tree in host]).to(buffers.device_rows.device),
     )
     target = torch.randint(vocab, (logits_row,), generator=gen)
     query_start = torch.tensor([*query_start, token_row])  # as vLLM's metadata holds it

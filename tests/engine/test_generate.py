@@ -89,6 +89,7 @@ def test_other_scorers_are_lossless(other_scorer, expected):
     # CPU: no captured builds; every step's trees were built (at least one per tree step).
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"] > 0
     assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]
+    assert stats["graph_descriptions"] == 0 and stats["eager_descriptions"] == stats["steps"]
     if scorer == "chain":
         assert stats["sibling_accepts"] == 0 and stats["kv_moves"] == 0
         assert stats["mean_leaves"] == 1.0

@@ -55,3 +55,32 @@ def test_graph_replays_equal_eager_acceptance():
         moves += int(counters[2])
     assert moves > 0  # some paths were not rows 1..k: their K/V moved
     assert not torch.equal(caches["g"][0], start.to(torch.bfloat16))
+
+
+def test_describing_and_accepting_a_step_wait_for_nothing(monkeypatch):
+    """Under asynchronous scheduling the host prepares the next step while the GPU runs
+    this one; one wait in the step's description or acceptance (a `.item()`, a copy from
+    pageable memory such as a list used as a device index) would serialize them. CUDA's
+    sync check raises on any."""
+    device = torch.device("cuda")
+    buffers = TreeStepBuffers(CAPACITY, device)
+    random_step(0, buffers=buffers)  # first calls (allocations, kernel loads) unchecked
+    publish = TreeStepBuffers.publish
+
+    def strict_publish(self, *args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return publish(self, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(TreeStepBuffers, "publish", strict_publish)
+    for seed in range(1, 4):
+        step, _, target, last_rows, _ = random_step(seed, buffers=buffers)
+        target, last_rows = target.to(device), last_rows.to(device)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            accepted = accept_trees(step, target, last_rows, 7, WIDTH)
+            step_counters(step, accepted)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")

@@ -79,6 +79,8 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
     assert stats["graph_builds"] >= stats["steps"] and stats["eager_builds"] == 0
     # Greedy: every step's acceptance and K/V move replayed the accept graphs.
     assert stats["graph_accepts"] >= stats["steps"] and stats["eager_accepts"] == 0
+    # Every step's trees reached its description by one replay of the captured gather.
+    assert stats["graph_descriptions"] == stats["steps"] and stats["eager_descriptions"] == 0
     if scorer == "chain":
         assert stats["sibling_accepts"] == 0 and stats["mean_leaves"] == 1
     else:
@@ -113,6 +115,7 @@ def test_greedy_eager(dirs, expected):
     assert stats["eager_steps"] == stats["steps"] > 0 and stats["kv_moves"] > 0
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"]
     assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]
+    assert stats["graph_descriptions"] == 0 and stats["eager_descriptions"] == stats["steps"]
 
 
 def test_seeded_sampling_is_the_same_with_and_without_async_scheduling(dirs):

@@ -69,6 +69,10 @@ class DominoTreeStats:
     # steps on CUDA), or eagerly (sampled requests, CPU, no graphs captured).
     graph_accepts: int = 0
     eager_accepts: int = 0
+    # Verification steps by how the trees' fields reached the step description: one
+    # replay of a captured gather (CUDA), or eager gathers (CPU, eager engines).
+    graph_descriptions: int = 0
+    eager_descriptions: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -262,13 +266,22 @@ class DominoTreeRunnerMixin:
             self.drafter.capture_builder()
             self._tree_buffers.clear()  # no trees: the warm-up runs move no K/V
             self._accept_graphs.capture()
+            self._tree_buffers.capture(self.drafter.builder.table)
         return out
 
     def read_stats(self) -> DominoTreeStats:
         self._fold_step_stats(wait=True)
-        builds = self.drafter.builder.counts
+        return self._with_graph_counts(self._stats)
+
+    def _with_graph_counts(self, stats: DominoTreeStats) -> DominoTreeStats:
+        """The stats with the builder's and the step description's own counts."""
+        builds, buffers = self.drafter.builder.counts, self._tree_buffers
         return replace(
-            self._stats, graph_builds=builds.graph_builds, eager_builds=builds.eager_builds
+            stats,
+            graph_builds=builds.graph_builds,
+            eager_builds=builds.eager_builds,
+            graph_descriptions=buffers.graph_gathers,
+            eager_descriptions=buffers.eager_gathers,
         )
 
     def execute_model(self, *args, **kwargs):
@@ -463,21 +476,19 @@ class DominoTreeRunnerMixin:
             stats.accepted_tokens += accepted
             stats.sibling_accepts += siblings
             stats.kv_moves += moves
+        times = self.drafter.times.ready()  # read on every rank: they are kept until read
         if self._metrics is not None:
-            self._publish()
+            self._publish(times)
 
-    def _publish(self) -> None:
-        """The figures since the last publication into the /metrics block."""
-        builds = self.drafter.builder.counts
-        now = replace(
-            self._stats, graph_builds=builds.graph_builds, eager_builds=builds.eager_builds
-        )
-        before = self._published
+    def _publish(self, times: list[tuple[float, float]]) -> None:
+        """The figures since the last publication, and the steps' (draft, build) seconds,
+        into the /metrics block."""
+        now, before = self._with_graph_counts(self._stats), self._published
         self._metrics.add(
             {name: getattr(now, name) - getattr(before, name) for name in METRIC_COUNTERS}
         )
         self._published = now
-        for draft, build in self.drafter.times.ready():
+        for draft, build in times:
             self._metrics.observe("draft_seconds", draft)
             self._metrics.observe("build_seconds", build)
 

@@ -38,12 +38,17 @@ from ..tree.ancestry import ANCESTORS, DEPTH, NEEDS_FIX, PARENT, SIBLINGS, TOKEN
 from .tree_paths import PathTables
 
 # Rows of the staging buffers (one int64 array, one host-to-device copy per step).
+# Fields the device gathers from the table are adjacent, in the table's order, so that
+# they are written as slices: indexing a device tensor with a list of rows copies the
+# list from pageable host memory, and that copy waits for the GPU.
 _TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA = 0, 1, 2
-_REQUEST, _OFFSET, _ANCESTORS, _SIBLINGS, _TOKEN, _TOKEN_ROW, _DEPTH = 3, 4, 5, 6, 7, 8, 9
-_PARENT_ROW, _IN_TREE = 10, 11
-# Written by the host for the gather only: each tree row's slot in the flattened table
-# (-1 for rows of no tree), by forward row and by logits row, and each tree logits row's
-# root row among the logits.
+_REQUEST, _OFFSET, _TOKEN_ROW, _IN_TREE = 3, 4, 5, 6
+_ANCESTORS, _SIBLINGS, _DEPTH = 7, 8, 9  # as ANCESTORS .. DEPTH of the table
+_TOKEN, _PARENT_ROW = 10, 11
+assert (SIBLINGS, DEPTH) == (ANCESTORS + 1, ANCESTORS + 2), "the slices below need this order"
+# Written by the host for the gather only: 1 + each tree row's slot in the flattened
+# table (0 for rows of no tree, as every column the host has not written), by forward
+# row and by logits row, and each tree logits row's root row among the logits.
 _TOKEN_SLOT, _LOGITS_SLOT, _FIRST_LOGITS_ROW = 12, 13, 14
 _FIELDS = 15
 _CACHED_VIEWS = 256  # distinct step sizes whose views TreeStepBuffers keeps
@@ -101,6 +106,11 @@ class TreeStepBuffers:
         self.device_rows = torch.zeros(_FIELDS, capacity, dtype=torch.int64, device=device)
         self._host = self.host.numpy()
         self._dirty = 0  # columns written by an earlier step (zeroed before reuse)
+        # CUDA: the gather over every column as one captured graph, for the table it was
+        # captured with (capture); its replays and the eager gathers are counted.
+        self._gather_graph: tuple[torch.cuda.CUDAGraph, int] | None = None
+        self.graph_gathers = 0
+        self.eager_gathers = 0
         # (tokens, logits rows) -> the buffers' views: a step's sizes repeat, and its ten
         # tensor slices are host time that the GPU waits for in a synchronous step.
         self._views: dict[tuple[int, int], TreeStep] = {}
@@ -133,7 +143,7 @@ class TreeStepBuffers:
         h[:, :columns] = 0
         h[_REQUEST, :num_logits] = logits_requests
         h[_TOKEN_ROW, :num_logits] = logits_token_rows
-        h[[_PARENT_ROW, _TOKEN_SLOT, _LOGITS_SLOT], :columns] = -1
+        h[[_PARENT_ROW, _TOKEN], :columns] = -1  # the gather's defaults
         # Every tree row at once: its column among the forward's tokens and the logits,
         # and its slot in the table.
         slots = table.shape[2]
@@ -149,7 +159,7 @@ class TreeStepBuffers:
         first_logits = np.array([t.logits_row for t in trees], dtype=np.int64)[:, None]
         table_rows = np.array([t.table_row for t in trees], dtype=np.int64)[:, None]
         tok, log = (first_tokens + offsets)[valid], (first_logits + offsets)[valid]
-        slot = (table_rows * slots + offsets)[valid]
+        slot = (table_rows * slots + offsets)[valid] + 1
         h[_TOKEN_SLOT, tok] = slot
         h[_LOGITS_SLOT, log] = slot
         h[_FIRST_LOGITS_ROW, log] = np.broadcast_to(first_logits, valid.shape)[valid]
@@ -158,7 +168,12 @@ class TreeStepBuffers:
         self.device_rows[:, :columns].copy_(self.host[:, :columns], non_blocking=True)
         self._dirty = max(num_tokens, num_logits)
         if trees:
-            self._gather(table, num_tokens, num_logits)
+            if self._gather_graph is not None and self._gather_graph[1] == table.data_ptr():
+                self._gather_graph[0].replay()
+                self.graph_gathers += 1
+            else:
+                self._gather(table, num_tokens, num_logits)
+                self.eager_gathers += 1
         return replace(
             self.view(num_tokens, num_logits),
             trees=trees,
@@ -167,25 +182,38 @@ class TreeStepBuffers:
             any_fix=bool((num_rows > 2).any()),
         )
 
+    @torch.no_grad()
+    def capture(self, table: torch.Tensor) -> None:
+        """The gather of every column from `table` (the builder's) as one CUDA graph, at
+        engine start: a step then describes its trees with one replay instead of ~20
+        launches. Columns past the step's read slot 0 (no tree) and get its defaults."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._gather(table, self.capacity, self.capacity)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._gather(table, self.capacity, self.capacity)
+        self._gather_graph = (graph, table.data_ptr())
+
     def _gather(self, table: torch.Tensor, num_tokens: int, num_logits: int) -> None:
-        """The tree fields of the step's rows, from the table on the device."""
+        """The tree fields of the first rows, from the table on the device."""
         d, flat = self.device_rows, table.view(table.shape[0], -1)
         slot = d[_TOKEN_SLOT, :num_tokens]
-        inside = slot >= 0
-        at = slot.clamp(min=0)
+        inside = slot > 0
+        at = (slot - 1).clamp(min=0)
         v = flat[:, at]  # [fields, T]
         offset = at % table.shape[2]
         d[_TOKEN_ANCESTORS : _TOKEN_DELTA + 1, :num_tokens] = torch.where(
             inside, torch.stack([v[ANCESTORS], v[NEEDS_FIX], v[DEPTH] - offset]), 0
         )
         slot = d[_LOGITS_SLOT, :num_logits]
-        inside = slot >= 0
-        v = flat[:, slot.clamp(min=0)]  # [fields, L]
+        inside = slot > 0
+        v = flat[:, (slot - 1).clamp(min=0)]  # [fields, L]
         node = inside & (v[PARENT] >= 0)  # a drafted node (not the root, not an empty slot)
-        d[[_ANCESTORS, _SIBLINGS, _DEPTH], :num_logits] = torch.where(
-            inside, v[[ANCESTORS, SIBLINGS, DEPTH]], 0
-        )
-        d[[_TOKEN, _PARENT_ROW], :num_logits] = torch.where(
+        d[_ANCESTORS : _DEPTH + 1, :num_logits] = torch.where(inside, v[ANCESTORS : DEPTH + 1], 0)
+        d[_TOKEN : _PARENT_ROW + 1, :num_logits] = torch.where(
             node, torch.stack([v[TOKEN], d[_FIRST_LOGITS_ROW, :num_logits] + v[PARENT]]), -1
         )
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-# The fields of a described tree slot (`describe_slots`), in order.
-TOKEN, PARENT, DEPTH, ANCESTORS, SIBLINGS, NEEDS_FIX = range(6)
+# The fields of a described tree slot (`describe_slots`), in order (ANCESTORS .. DEPTH
+# and NEEDS_FIX, DEPTH adjacent: the verification step copies them as slices).
+TOKEN, PARENT, ANCESTORS, SIBLINGS, DEPTH, NEEDS_FIX = range(6)
 NUM_FIELDS = 6
 
 
