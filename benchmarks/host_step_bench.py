@@ -2,13 +2,16 @@
 
     python benchmarks/host_step_bench.py --out benchmarks/results/DIR [--before .before]
 
-In a synchronous DominoTree step the host collects the built trees after its one wait
-for them (DeviceTreeBuilder.collect) and, before the next forward is launched, describes
-the next step's trees (tree_rows + TreeStepBuffers.publish); the GPU idles meanwhile.
-This times both for budget-16 trees at batch 1, 16 and 64 on this machine. With
---before (a tree from scripts/before_tree.sh) the earlier package is timed too, in
-alternating rounds in child processes, so that both are measured in the same run.
-Writes host_step.json / .md.
+Before 2026-12-02 (synchronous scheduling) the host collected the built trees after its
+one wait for them (DeviceTreeBuilder.collect) and described the next step's trees from
+them (tree_rows + TreeStepBuffers.publish) while the GPU idled. Since then the step
+describes its layout on the host and gathers the trees' fields from the builder's table
+(TreeStepBuffers.publish with the table; on CUDA the gather is one graph replay, here on
+the CPU it runs as torch ops), and nothing is collected. This times what each package
+does per step for budget-16 trees at batch 1, 16 and 64 on this machine ("collect" is
+"-" where the package no longer does it). With --before (a tree from
+scripts/before_tree.sh) the earlier package is timed too, in alternating rounds in child
+processes, so that both are measured in the same run. Writes host_step.json / .md.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ def measure(reps: int) -> dict[str, dict[int, float]]:
     import numpy as np
     import torch
 
-    from vllm_dominotree.engine.tree_step import TreeStepBuffers, tree_rows
+    from vllm_dominotree.engine import tree_step
     from vllm_dominotree.tree import device_builder
     from vllm_dominotree.tree.builder import DraftTree
 
+    synchronous = hasattr(tree_step, "tree_rows")  # the package before 2026-12-02
     rng = np.random.default_rng(0)
     out: dict[str, dict[int, float]] = {"collect": {}, "describe": {}}
     for batch in BATCHES:
@@ -47,39 +51,49 @@ def measure(reps: int) -> dict[str, dict[int, float]]:
             trees.append(tree)
             for field, values in enumerate((tree.tokens, tree.parents, tree.depths, tree.scores)):
                 rows[r, field] = torch.tensor(values, dtype=torch.float64)
-        if hasattr(device_builder, "_draft_trees"):
 
-            def collect(rows=rows):
-                return device_builder._draft_trees(rows.numpy())
-        else:  # the package before 2026-12-02
+        def collect(rows=rows):
+            return device_builder._draft_trees(rows.numpy())
 
-            def collect(rows=rows):
-                return [device_builder._draft_tree(*r) for r in rows.tolist()]
-
-        buffers = TreeStepBuffers(8192, torch.device("cpu"))
+        buffers = tree_step.TreeStepBuffers(8192, torch.device("cpu"))
         num_rows = batch * ROWS
         requests = np.repeat(np.arange(batch), ROWS)
         ranges = [(r * ROWS, (r + 1) * ROWS) for r in range(batch)]
+        layout = dict(logits_requests=requests, logits_ranges=ranges)
+        if synchronous:
 
-        def describe(trees=trees, buffers=buffers, n=num_rows, req=requests, ranges=ranges):
-            step_rows = [
-                tree_rows(r, r * ROWS, r * ROWS, 100, t.tokens[1:], t) for r, t in enumerate(trees)
-            ]
-            buffers.publish(
-                step_rows,
-                n,
-                logits_requests=req,
-                logits_ranges=ranges,
-                logits_token_rows=np.arange(n),
-            )
+            def describe(trees=trees, buffers=buffers, n=num_rows, layout=layout):
+                step_rows = [
+                    tree_step.tree_rows(r, r * ROWS, r * ROWS, 100, t.tokens[1:], t)
+                    for r, t in enumerate(trees)
+                ]
+                buffers.publish(step_rows, n, logits_token_rows=np.arange(n), **layout)
 
-        for name, fn in (("collect", collect), ("describe", describe)):
+        else:
+            from vllm_dominotree.tree.ancestry import NUM_FIELDS, describe_slots
+
+            table = torch.zeros(NUM_FIELDS, batch + 1, ROWS, dtype=torch.long)
+            describe_slots(*device_builder.slot_tensors(trees, ROWS), table[:, :batch])
+
+            def describe(batch=batch, buffers=buffers, n=num_rows, layout=layout, table=table):
+                step_rows = [
+                    tree_step.TreeRows(r, r * ROWS, r * ROWS, 100, ROWS, r) for r in range(batch)
+                ]
+                buffers.publish(step_rows, n, logits_token_rows=np.arange(n), table=table, **layout)
+
+        parts = [("collect", collect)] if synchronous else []  # nothing collected since
+        parts.append(("describe", describe))
+        for name, fn in parts:
             fn()
             start = time.perf_counter()
             for _ in range(reps):
                 fn()
             out[name][batch] = 1e3 * (time.perf_counter() - start) / reps
     return out
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def child(package_root: Path, reps: int) -> dict:
@@ -120,13 +134,16 @@ def main() -> None:
             runs[label].append(child(root, args.reps))
     medians = {
         label: {
-            part: {b: statistics.median(r[part][str(b)] for r in rounds) for b in BATCHES}
+            part: {
+                b: statistics.median(r[part][str(b)] for r in rounds) if rounds[0][part] else None
+                for b in BATCHES
+            }
             for part in ("collect", "describe")
         }
         for label, rounds in runs.items()
     }
     rows = [
-        [label, part, *(f"{medians[label][part][b]:.3f}" for b in BATCHES)]
+        [label, part, *(_ms(medians[label][part][b]) for b in BATCHES)]
         for part in ("collect", "describe")
         for label in labels
     ]
@@ -141,7 +158,9 @@ def main() -> None:
             "",
             f"`{command_line()}`: budget-16 trees (17 rows), median of {args.rounds} "
             f"alternating rounds of {args.reps} calls; collect = the built trees to host "
-            "DraftTrees, describe = tree_rows + TreeStepBuffers.publish.",
+            "DraftTrees (only before 2026-12-02), describe = the step's description "
+            "(before: tree_rows + publish from the host trees; after: the layout + publish "
+            "with the gather from the builder's table, which CUDA replays as one graph).",
         ],
     )
     print(text)

@@ -5,10 +5,10 @@ for bit), computed without a host round trip: a tree of budget B takes exactly B
 each one argmax over the frontier of every request at once, and the scorer's per-node
 step for the popped nodes. On CUDA the whole build (B pops, B - 1 scorer steps, the
 root's) is one CUDA graph per padded batch size, captured at engine start; the host
-reads the finished trees with one copy, off the step's critical path (the tensor-parallel
-check and the tests read them). The same function runs eagerly on CPU (the tests'
-equality with the heap); CPU engines build with the heap itself, which costs fewer torch
-calls there, and `store` files its trees where the graph writes them.
+can read the finished trees with one copy (`collect`: tests and benchmarks; the engine
+never waits for them). The same function runs eagerly on CPU (the tests' equality with
+the heap); CPU engines build with the heap itself, which costs fewer torch calls there,
+and `store` files its trees where the graph writes them.
 
 What the next verification step reads is `table` ([fields, requests + 1, slots], the
 slots described by tree/ancestry.describe_slots): it stays on the device, so the runner
@@ -72,10 +72,6 @@ class DeviceTreeBuilder:
         # The finished trees: tokens, parents, depths, scores per slot, as float64 (token
         # ids are exact) so that the host reads them in one copy.
         self.trees = torch.zeros(r, 4, self.slots, device=device, dtype=torch.float64)
-        pinned = device.type == "cuda"
-        self.trees_host = torch.zeros(r, 4, self.slots, dtype=torch.float64, pin_memory=pinned)
-        self._copied = torch.cuda.Event() if pinned else None  # trees_host is complete
-        self._stored: list[DraftTree] = []  # the heap's trees (store)
         # The verification step's view of the trees, `table_width` slots per request (at
         # least the tree's; more when vLLM may schedule more drafts than the budget, as
         # on CPU, where it reserves the drafter's block): the tree's slots, then slots
@@ -107,13 +103,14 @@ class DeviceTreeBuilder:
     @torch.no_grad()
     def build(self, anchors: torch.Tensor) -> list[DraftTree]:
         """anchors: [R] the last verified token of each request, on the device; the
-        scorer is prepared for these R requests. One host wait, for the finished trees."""
+        scorer is prepared for these R requests. One host wait, for the finished trees
+        (tests and benchmarks: the engine launches and leaves the trees on the device)."""
         self.launch(anchors)
         return self.collect(anchors.shape[0])
 
     @torch.no_grad()
     def launch(self, anchors: torch.Tensor) -> None:
-        """The build and the copy of its trees to the host, queued (no wait)."""
+        """The build, queued (no wait)."""
         n = anchors.shape[0]
         p = padded_rows(n, self.max_requests)
         self.anchors[:n].copy_(anchors)
@@ -124,25 +121,15 @@ class DeviceTreeBuilder:
         else:
             self._grow(p)
             self.counts.eager_builds += 1
-        self.trees_host[:n].copy_(self.trees[:n], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
-        self._stored = []
 
     def store(self, trees: list[DraftTree]) -> None:
         """File trees built elsewhere (the host heap) where a build writes them."""
         slots = (t.to(self.device) for t in slot_tensors(trees, self.slots))
         describe_slots(*slots, self.table[:, : len(trees), : self.slots])
-        self._stored = trees
 
     def collect(self, n: int) -> list[DraftTree]:
-        """The n trees of the last launch (or store), once they are on the host: one
-        wait for the launch's copy, which by the next step has long completed."""
-        if self._stored:
-            return self._stored[:n]
-        if self._copied is not None:
-            self._copied.synchronize()
-        return _draft_trees(self.trees_host[:n].numpy())
+        """The n trees of the last launch, on the host (waits for the build)."""
+        return _draft_trees(self.trees[:n].cpu().numpy())
 
     @torch.no_grad()
     def capture(self) -> None:
