@@ -89,16 +89,36 @@ def test_drafter_reading_layers_the_target_lacks(pair_dirs, tmp_path):
         make_llm(pair_dirs, {"method": "dominotree", "model": str(drafter)})
 
 
-@pytest.mark.parametrize(
-    "engine_options, message",
-    [
-        ({"async_scheduling": True}, "drop async_scheduling"),
-        ({"pipeline_parallel_size": 2}, "set pipeline_parallel_size=1"),
-    ],
-)
-def test_unsupported_engine_options(pair_dirs, engine_options, message):
-    with pytest.raises(DominoTreeConfigError, match=message):
-        make_llm(pair_dirs, dominotree(pair_dirs), **engine_options)
+def test_pipeline_parallelism_is_refused(pair_dirs):
+    with pytest.raises(DominoTreeConfigError, match="set pipeline_parallel_size=1"):
+        make_llm(pair_dirs, dominotree(pair_dirs), pipeline_parallel_size=2)
+
+
+def test_scheduling_is_vllms_choice_except_for_cuda_path_requests(pair_dirs, monkeypatch):
+    """Asynchronous scheduling is vLLM's to choose (on for DFlash on CUDA, off on CPU);
+    DOMINOTREE_CUDA_TREE_ATTENTION=paths builds its tables on the host from the step's
+    trees, so on CUDA it forces synchronous scheduling and refuses an explicit request
+    for the asynchronous kind, naming both fixes."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_dominotree.patches import engine_args
+
+    def args(**options):
+        return EngineArgs(
+            model=pair_dirs["target"], speculative_config=dominotree(pair_dirs), **options
+        )
+
+    kept = args(async_scheduling=True)
+    engine_args.prepare_engine_args(kept)
+    assert kept.async_scheduling is True
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
+    monkeypatch.setattr(engine_args.current_platform, "is_cpu", lambda: False)
+    monkeypatch.setattr(engine_args.current_platform, "is_cuda", lambda: True)
+    with pytest.raises(DominoTreeConfigError, match="needs synchronous scheduling: drop"):
+        engine_args.prepare_engine_args(args(async_scheduling=True))
+    default = args()
+    engine_args.prepare_engine_args(default)
+    assert default.async_scheduling is False
 
 
 def test_data_parallelism_is_refused(pair_dirs):
