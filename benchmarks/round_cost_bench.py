@@ -213,6 +213,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 stats = llm.collective_rpc("dominotree_stats")[0]
                 row["async_scheduling"] = stats.get("async_scheduling", False)
+                row["graph_drafts"] = stats.get("graph_drafts", 0)  # query passes replayed
                 stages = stats["stage_seconds"]
                 llm.collective_rpc("dominotree_profile", args=(False,))
                 split = {k: 1e3 * v / rounds for k, v in stages.items()}

@@ -81,6 +81,8 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
     assert stats["graph_accepts"] >= stats["steps"] and stats["eager_accepts"] == 0
     # Every step's trees reached its description by one replay of the captured gather.
     assert stats["graph_descriptions"] == stats["steps"] and stats["eager_descriptions"] == 0
+    # Every drafting step (prefill steps too) ran the query pass as one graph replay.
+    assert stats["graph_drafts"] >= stats["steps"] and stats["eager_drafts"] == 0
     if scorer == "chain":
         assert stats["sibling_accepts"] == 0 and stats["mean_leaves"] == 1
     else:
@@ -116,6 +118,23 @@ def test_greedy_eager(dirs, expected):
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"]
     assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]
     assert stats["graph_descriptions"] == 0 and stats["eager_descriptions"] == stats["steps"]
+    assert stats["graph_drafts"] == 0 and stats["eager_drafts"] >= stats["steps"]
+
+
+def test_the_drafters_graph_drafts_what_vllms_pass_drafts(dirs, expected, monkeypatch):
+    """The query pass as the plugin's graph (default) and as vLLM's piecewise pass
+    (DOMINOTREE_DRAFT_GRAPHS=0) draft the same trees: float32, same kernels, so the
+    same acceptance to the token."""
+    config = {"method": "dominotree", "model": str(dirs[1])}
+    graph_tokens, graph = generate(dirs, config)
+    monkeypatch.setenv("DOMINOTREE_DRAFT_GRAPHS", "0")
+    pass_tokens, piecewise = generate(dirs, config)
+    print("drafts", graph, piecewise)
+    assert graph_tokens == pass_tokens == expected[: len(PROMPTS)]
+    assert graph["graph_drafts"] > 0 and graph["eager_drafts"] == 0
+    assert piecewise["graph_drafts"] == 0 and piecewise["eager_drafts"] > 0
+    for name in ("trees", "accepted_tokens", "sibling_accepts", "tree_leaves"):
+        assert graph[name] == piecewise[name], name
 
 
 def test_seeded_sampling_is_the_same_with_and_without_async_scheduling(dirs):

@@ -27,6 +27,7 @@ from ..tree.ancestry import TOKEN
 from ..tree.builder import build_trees
 from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import make_scorer
+from .draft_graphs import DraftGraphs, draft_graphs_enabled
 
 
 class DominoTreeProposer(DFlashProposer):
@@ -43,6 +44,11 @@ class DominoTreeProposer(DFlashProposer):
         self.clock = runner.stage_clock  # the tree runner's: one clock per step
         # Each step's draft and build seconds, read by the runner once the GPU is past them.
         self.times = DraftBuildTimes(device)
+        # CUDA: the query pass as one graph per padded batch (draft_graphs.py); its
+        # replays and vLLM's piecewise passes are counted.
+        self.draft_graphs: DraftGraphs | None = None
+        self.graph_drafts = 0
+        self.eager_drafts = 0
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         # The drafter was checked against the target in process 0 (patches/engine_args.py).
@@ -79,6 +85,17 @@ class DominoTreeProposer(DFlashProposer):
         """The builder's CUDA graphs, one per padded batch size (the runner calls this
         while vLLM captures its own)."""
         self.builder.capture()
+
+    def capture_query_pass(self, block_table) -> None:
+        """The query pass's CUDA graphs (draft_graphs.py), unless turned off or under
+        tensor parallelism. block_table: rows -> the runner's block table rows of the
+        drafter's KV cache group."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        if not draft_graphs_enabled() or get_tensor_model_parallel_world_size() > 1:
+            return
+        self.draft_graphs = DraftGraphs(self, block_table, self.max_batch_size)
+        self.draft_graphs.capture()
 
     def _build(self, anchors: torch.Tensor) -> None:
         """The trees into the builder's table (marking BUILT when they are queued)."""
@@ -174,6 +191,24 @@ class DominoTreeProposer(DFlashProposer):
             )
         finally:
             self.num_speculative_tokens = self.reserved
+        graphs = self.draft_graphs
+        if graphs is not None and graphs.serves(num_reqs):
+            # The context's K/V go into the drafter's cache first (not in the graph: its
+            # row count varies), then one replay runs the query pass.
+            self.build_model_inputs_first_pass(num_tokens, num_tokens, mm_embed_inputs)
+            block_rows = graphs.run(cad.seq_lens, cad.slot_mapping)
+            self.graph_drafts += 1
+        else:
+            block_rows = self._piecewise_query_pass(num_tokens, cad, mm_embed_inputs)
+            self.eager_drafts += 1
+
+        first, k = self.spec.first_draft_slot, self.shape.max_depth
+        hidden = block_rows.view(num_reqs, self.spec.block_size, -1)[:, first : first + k]
+        base_logits = self.model.compute_logits(hidden.reshape(num_reqs * k, -1))
+        return hidden, base_logits.view(num_reqs, k, -1)
+
+    def _piecewise_query_pass(self, num_tokens: int, cad, mm_embed_inputs) -> torch.Tensor:
+        """vLLM's own query pass (piecewise graphs on CUDA, eager on CPU), [T, H]."""
         _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(cad)
         cudagraph_mode, num_input_tokens, num_tokens_across_dp = (
             self._determine_batch_execution_and_padding(num_tokens)
@@ -189,9 +224,4 @@ class DominoTreeProposer(DFlashProposer):
             cudagraph_runtime_mode=cudagraph_mode,
             slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping),
         ):
-            block_rows = self.model(**model_kwargs)[:num_tokens]
-
-        first, k = self.spec.first_draft_slot, self.shape.max_depth
-        hidden = block_rows.view(num_reqs, self.spec.block_size, -1)[:, first : first + k]
-        base_logits = self.model.compute_logits(hidden.reshape(num_reqs * k, -1))
-        return hidden, base_logits.view(num_reqs, k, -1)
+            return self.model(**model_kwargs)[:num_tokens]

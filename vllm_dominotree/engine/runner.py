@@ -73,6 +73,10 @@ class DominoTreeStats:
     # replay of a captured gather (CUDA), or eager gathers (CPU, eager engines).
     graph_descriptions: int = 0
     eager_descriptions: int = 0
+    # Drafting steps by how the drafter's query pass ran: one replay of the plugin's
+    # captured graph (CUDA, TP=1), or vLLM's own pass (piecewise graphs; CPU: eager).
+    graph_drafts: int = 0
+    eager_drafts: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -267,6 +271,8 @@ class DominoTreeRunnerMixin:
             self._tree_buffers.clear()  # no trees: the warm-up runs move no K/V
             self._accept_graphs.capture()
             self._tree_buffers.capture(self.drafter.builder.table)
+            tables = self.input_batch.block_table[self.drafter.kv_cache_gid]
+            self.drafter.capture_query_pass(tables.get_device_tensor)
         return out
 
     def read_stats(self) -> DominoTreeStats:
@@ -275,13 +281,15 @@ class DominoTreeRunnerMixin:
 
     def _with_graph_counts(self, stats: DominoTreeStats) -> DominoTreeStats:
         """The stats with the builder's and the step description's own counts."""
-        builds, buffers = self.drafter.builder.counts, self._tree_buffers
+        drafter, buffers = self.drafter, self._tree_buffers
         return replace(
             stats,
-            graph_builds=builds.graph_builds,
-            eager_builds=builds.eager_builds,
+            graph_builds=drafter.builder.counts.graph_builds,
+            eager_builds=drafter.builder.counts.eager_builds,
             graph_descriptions=buffers.graph_gathers,
             eager_descriptions=buffers.eager_gathers,
+            graph_drafts=drafter.graph_drafts,
+            eager_drafts=drafter.eager_drafts,
         )
 
     def execute_model(self, *args, **kwargs):

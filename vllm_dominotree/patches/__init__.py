@@ -23,7 +23,10 @@ names each one depends on:
 Besides these, the tree runner (engine/runner.py) subclasses the V1 runner and overrides
 `_prepare_inputs`, `_model_forward`, `_sample`, `_bookkeeping_sync`,
 `propose_draft_token_ids`, `initialize_kv_cache`, `capture_model`, and the proposer
-(engine/proposer.py) subclasses `DFlashProposer`.
+(engine/proposer.py) subclasses `DFlashProposer`; its query-pass graphs
+(engine/draft_graphs.py) read the DFlash proposer's `input_ids`, `_slot_mapping_buffer`,
+`_get_positions`, `_get_slot_mapping`, `build_per_group_and_layer_attn_metadata`,
+`kv_cache_gid` and the runner's `input_batch.block_table`.
 
 `apply_frontend_patches()` is called from the plugin entry point in every process (it is
 cheap and idempotent); it refuses a vLLM version the plugin was not built for. The
