@@ -5,8 +5,10 @@ and plain decoding, on random weights of a real shape.
         [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain marginal conditional] \\
         [--tokens 64] [--enforce-eager] [--no-split]
 
-A plugin method with the suffix `-sync` (e.g. `conditional-sync`) runs with vLLM's
-synchronous scheduling instead of its default (asynchronous on CUDA).
+A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with vLLM's
+synchronous scheduling instead of its default (asynchronous on CUDA), `-vllm-draft` with
+vLLM's piecewise query pass instead of the plugin's drafter graphs, e.g.
+`conditional-sync` or `conditional-vllm-draft`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
@@ -71,6 +73,27 @@ SHAPES = {
     ),
 }
 BLOCK_SIZE = 16
+# Method suffix -> (engine arguments, environment) of the variant.
+VARIANTS = {
+    "-sync": ({"async_scheduling": False}, {}),
+    "-vllm-draft": ({}, {"DOMINOTREE_DRAFT_GRAPHS": "0"}),
+}
+
+
+def split_variants(method: str) -> tuple[str, dict, dict]:
+    """'conditional-sync-vllm-draft' -> ('conditional', engine arguments, environment)."""
+    engine, env = {}, {}
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix, (arguments, variables) in VARIANTS.items():
+            if method.endswith(suffix):
+                method = method.removesuffix(suffix)
+                engine, env = engine | arguments, env | variables
+                stripped = True
+    return method, engine, env
+
+
 # Overall accept lengths of the paper's table (Qwen3-4B, T = 0): the method whose round
 # each one pays for.
 PAPER_TAU = {
@@ -178,9 +201,7 @@ def write_trace_tables(path: Path, trace: dict) -> None:
 def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     from vllm import LLM
 
-    # "<method>-sync": the plugin's method with vLLM's synchronous scheduling.
-    base = method.removesuffix("-sync")
-    scheduling = {"async_scheduling": False} if base != method else {}
+    base, variant, _ = split_variants(method)  # the environment is the parent's to set
     llm = LLM(
         model=dirs["target"],
         skip_tokenizer_init=True,
@@ -193,7 +214,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         enforce_eager=args.enforce_eager,
         # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
         kernel_config={"enable_jit_warmup": False},
-        **scheduling,
+        **variant,
     )
     vocab = SHAPES[args.shape]["vocab_size"]
     rows = []
@@ -246,7 +267,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
 def report(rows: list[dict], args) -> None:
     ar = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "ar"}
     for r in rows:
-        base = r["method"].removesuffix("-sync")
+        base = split_variants(r["method"])[0]
         if base in PAPER_TAU and r["batch"] in ar:
             name, tau = PAPER_TAU[base]
             speedup = tau * ar[r["batch"]] / r["ms_per_round"]
@@ -388,6 +409,7 @@ def main() -> None:
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         if method == "dflash-v1":
             env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        env |= split_variants(method)[2]
         wait_for_idle_gpu()
         child = [sys.executable, __file__, "--one", method, *sys.argv[1:]]
         subprocess.run(child, env=env, check=True)

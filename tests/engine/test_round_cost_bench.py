@@ -12,9 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from round_cost_bench import PAPER_TAU  # noqa: E402
+from round_cost_bench import PAPER_TAU, split_variants  # noqa: E402
 
-METHODS = ["ar", "dflash", "chain", "marginal", "conditional"]
+# A variant too: synchronous scheduling (the CPU's anyway) and vLLM's drafter pass.
+METHODS = ["ar", "dflash", "chain", "marginal", "conditional", "conditional-sync-vllm-draft"]
 BATCHES = [1, 2]
 TOKENS = 12
 
@@ -41,13 +42,15 @@ def test_round_cost_bench_runs_every_method(tmp_path):
     rows = json.loads((tmp_path / "round_cost.json").read_text())["rows"]
     assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for m in METHODS for b in BATCHES]
     for r in rows:
+        base = split_variants(r["method"])[0]
         assert r["ms_per_round"] > 0
         if r["method"] == "ar":
             assert r["rounds"] == TOKENS - 1 and r["accept_length"] == 1
         else:
             # Counted by vLLM: a round commits 1..block tokens, so rounds lie in between.
             assert (TOKENS - 1) / 16 <= r["rounds"] <= TOKENS - 1, r
-        if r["method"] in ("chain", "marginal", "conditional"):
+        if base in ("chain", "marginal", "conditional"):
+            assert r["async_scheduling"] is False and r["graph_drafts"] == 0  # CPU
             split = r["profiled_ms"]
             assert set(split) == {"prepare", "verify", "accept", "draft", "build", "rest"}
             assert all(split[k] > 0 for k in ("verify", "draft", "build")), split
@@ -64,9 +67,9 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             assert host["draft"] + host["build"] < host["step"], host
         else:
             assert "profiled_ms" not in r
-        if r["method"] in PAPER_TAU:
+        if base in PAPER_TAU:
             ar = next(a for a in rows if a["method"] == "ar" and a["batch"] == r["batch"])
-            tau = PAPER_TAU[r["method"]][1]
+            tau = PAPER_TAU[base][1]
             expected = tau * ar["ms_per_round"] / r["ms_per_round"]
             assert abs(r["projection"]["projected_speedup"] - expected) < 1e-9
     table = (tmp_path / "round_cost.md").read_text()
