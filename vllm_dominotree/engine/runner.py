@@ -305,9 +305,7 @@ class DominoTreeRunnerMixin:
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         spec_decode_metadata = out[1]
         with self.stage_clock.stage("prepare"):
-            self._step = self._describe_trees(
-                scheduler_output, num_scheduled_tokens, spec_decode_metadata
-            )
+            self._step = self._describe_trees(num_scheduled_tokens, spec_decode_metadata)
             self._publish_paths(self._step)
         self._verification.step = self._step
         if self._step is not None:
@@ -317,7 +315,7 @@ class DominoTreeRunnerMixin:
         self._proposed = {}
         return out
 
-    def _describe_trees(self, scheduler_output, num_scheduled_tokens, spec_decode_metadata):
+    def _describe_trees(self, num_scheduled_tokens, spec_decode_metadata) -> TreeStep | None:
         if spec_decode_metadata is None:
             self._tree_buffers.clear()
             return None
@@ -331,8 +329,7 @@ class DominoTreeRunnerMixin:
         logits_per_request = num_drafts + 1
         logits_ends = np.cumsum(logits_per_request)
         logits_starts = logits_ends - logits_per_request
-        table = self.drafter.builder.table
-        no_tree = self.drafter.builder.no_tree_row
+        builder = self.drafter.builder
         trees = [
             TreeRows(
                 i,
@@ -340,7 +337,7 @@ class DominoTreeRunnerMixin:
                 int(logits_starts[i]),
                 int(batch.num_computed_tokens_cpu[i]),
                 int(num_drafts[i]) + 1,
-                self._proposed.get(req_id, no_tree),
+                self._proposed.get(req_id, builder.no_tree_row),
             )
             for i, req_id in enumerate(batch.req_ids[:num_reqs])
             if num_drafts[i]
@@ -357,7 +354,7 @@ class DominoTreeRunnerMixin:
             logits_requests=logits_requests,
             logits_ranges=list(zip(logits_starts.tolist(), logits_ends.tolist(), strict=True)),
             logits_token_rows=logits_token_rows,
-            table=table,
+            table=builder.table,
         )
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
