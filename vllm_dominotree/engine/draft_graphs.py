@@ -54,9 +54,16 @@ class DraftGraphs:
         self.query_start *= self.block
         self.seq_lens = torch.full((max_requests,), self.block, device=device, dtype=torch.int32)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._metadata_of: dict[int, CommonAttentionMetadata] = {}
 
     def _metadata(self, p: int) -> CommonAttentionMetadata:
-        """The query pass of p padded requests over the fixed buffers."""
+        """The query pass of p padded requests over the fixed buffers (the same object
+        for every step of that size: only the buffers' contents change)."""
+        if p not in self._metadata_of:
+            self._metadata_of[p] = self._new_metadata(p)
+        return self._metadata_of[p]
+
+    def _new_metadata(self, p: int) -> CommonAttentionMetadata:
         proposer, block = self.proposer, self.block
         return CommonAttentionMetadata(
             query_start_loc=self.query_start[: p + 1],
