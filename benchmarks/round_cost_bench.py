@@ -7,8 +7,9 @@ and plain decoding, on random weights of a real shape.
 
 A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with vLLM's
 synchronous scheduling instead of its default (asynchronous on CUDA), `-vllm-draft` with
-vLLM's piecewise query pass instead of the plugin's drafter graphs, e.g.
-`conditional-sync` or `conditional-vllm-draft`.
+vLLM's piecewise query pass instead of the plugin's drafter graphs, `-prepare-apart` with
+the drafter's logits and the scorer's preparation eager before the build instead of in
+its graph, e.g. `conditional-sync` or `conditional-vllm-draft`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
@@ -77,6 +78,7 @@ BLOCK_SIZE = 16
 VARIANTS = {
     "-sync": ({"async_scheduling": False}, {}),
     "-vllm-draft": ({}, {"DOMINOTREE_DRAFT_GRAPHS": "0"}),
+    "-prepare-apart": ({}, {"DOMINOTREE_PREPARE_IN_BUILD": "0"}),
 }
 
 
@@ -235,6 +237,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 stats = llm.collective_rpc("dominotree_stats")[0]
                 row["async_scheduling"] = stats.get("async_scheduling", False)
                 row["graph_drafts"] = stats.get("graph_drafts", 0)  # query passes replayed
+                row["prepared_in_build"] = stats.get("prepared_in_build", 0)
                 stages = stats["stage_seconds"]
                 llm.collective_rpc("dominotree_profile", args=(False,))
                 split = {k: 1e3 * v / rounds for k, v in stages.items()}

@@ -254,6 +254,64 @@ def test_device_builder_equals_host_heap(head, seed, kind):
     assert all(t.num_nodes > 1 for t in host)
 
 
+@pytest.mark.parametrize("kind", ["conditional", "marginal", "chain"])
+def test_a_build_that_prepares_its_scorer_builds_the_trees_of_one_prepared_before(head, kind):
+    """On one GPU the build's first stage is the scorer's preparation (inside its graph):
+    from the caller's buffer, over the padded rows. Its trees are those of a scorer
+    prepared before the build for the step's requests; batches beyond `prepare_rows`
+    expect the scorer prepared before the launch, and are counted apart."""
+    chain = kind == "chain"
+    shape = TreeShape(budget=K if chain else 12, max_depth=K, max_children=1 if chain else 3)
+    hidden, _, embed, anchors = random_step(head, 3, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    scale, bias = torch.randn(V, generator=gen), torch.randn(V, generator=gen)
+
+    def logits(rows):  # a stand-in for the drafter's head, row by row: [p, K, H] -> [p, K, V]
+        return 3 * torch.tanh(rows[..., :1] * scale + bias)
+
+    def scorer():
+        if kind == "marginal":
+            return marginal(embed, shape, requests=8)
+        return make_scorer(
+            "conditional" if kind == "conditional" else "chain",
+            head,
+            embed,
+            shape=shape,
+            candidates=16,
+            prefix_len=1,
+            max_requests=8,
+        )
+
+    before = scorer()
+    before.prepare(hidden, logits(hidden))
+    want = device_trees(before, shape, anchors, chain=chain, max_requests=8)
+
+    within = scorer()
+    buffer = torch.randn(8, K, head.hidden_size, generator=gen)  # stale rows past the step's
+    buffer[:3] = hidden
+
+    def prepare(p):
+        within.prepare(buffer[:p], logits(buffer[:p]))
+
+    builder = DeviceTreeBuilder(
+        within,
+        shape,
+        chain=chain,
+        device=torch.device("cpu"),
+        max_requests=8,
+        prepare=prepare,
+        prepare_rows=4,
+    )
+    assert builder.prepares(3) and not builder.prepares(5)  # 3 pad to 4, 5 to 8
+    assert as_tuples(builder.build(torch.tensor(anchors))) == as_tuples(want)
+    assert builder.counts.prepared_in_build == 1
+
+    beyond = anchors + anchors[:2]  # five requests: prepared before the launch
+    within.prepare(torch.cat([hidden, hidden[:2]]), logits(torch.cat([hidden, hidden[:2]])))
+    assert as_tuples(builder.build(torch.tensor(beyond))[:3]) == as_tuples(want)
+    assert builder.counts.prepared_in_build == 1 and builder.counts.eager_builds == 2
+
+
 def test_device_builder_ties_pop_in_push_order(head):
     """All marginals equal: every candidate of a depth ties, so the tree is decided by
     push order alone (the heap's rule: earlier pushes first)."""

@@ -14,8 +14,16 @@ ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from round_cost_bench import PAPER_TAU, split_variants  # noqa: E402
 
-# A variant too: synchronous scheduling (the CPU's anyway) and vLLM's drafter pass.
-METHODS = ["ar", "dflash", "chain", "marginal", "conditional", "conditional-sync-vllm-draft"]
+# A variant too: synchronous scheduling (the CPU's anyway), vLLM's drafter pass and the
+# preparation apart from the build.
+METHODS = [
+    "ar",
+    "dflash",
+    "chain",
+    "marginal",
+    "conditional",
+    "conditional-sync-vllm-draft-prepare-apart",
+]
 BATCHES = [1, 2]
 TOKENS = 12
 
@@ -51,6 +59,7 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             assert (TOKENS - 1) / 16 <= r["rounds"] <= TOKENS - 1, r
         if base in ("chain", "marginal", "conditional"):
             assert r["async_scheduling"] is False and r["graph_drafts"] == 0  # CPU
+            assert r["prepared_in_build"] == 0
             split = r["profiled_ms"]
             assert set(split) == {"prepare", "verify", "accept", "draft", "build", "rest"}
             assert all(split[k] > 0 for k in ("verify", "draft", "build")), split

@@ -77,6 +77,9 @@ def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
     assert stats["full_graph_steps"] > 0.8 * stats["steps"]
     # Every tree came out of the builder's captured graphs (one per padded batch size).
     assert stats["graph_builds"] >= stats["steps"] and stats["eager_builds"] == 0
+    # One GPU, small vocabulary: every build began with the drafter's logits and the
+    # scorer's preparation, inside its graph.
+    assert stats["prepared_in_build"] == stats["graph_builds"]
     # Greedy: every step's acceptance and K/V move replayed the accept graphs.
     assert stats["graph_accepts"] >= stats["steps"] and stats["eager_accepts"] == 0
     # Every step's trees reached its description by one replay of the captured gather.
@@ -116,23 +119,27 @@ def test_greedy_eager(dirs, expected):
     assert tokens == expected[: len(PROMPTS)]
     assert stats["eager_steps"] == stats["steps"] > 0 and stats["kv_moves"] > 0
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"]
+    assert stats["prepared_in_build"] == stats["eager_builds"]  # the same function, eager
     assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]
     assert stats["graph_descriptions"] == 0 and stats["eager_descriptions"] == stats["steps"]
     assert stats["graph_drafts"] == 0 and stats["eager_drafts"] >= stats["steps"]
 
 
 def test_the_drafters_graph_drafts_what_vllms_pass_drafts(dirs, expected, monkeypatch):
-    """The query pass as the plugin's graph (default) and as vLLM's piecewise pass
-    (DOMINOTREE_DRAFT_GRAPHS=0) draft the same trees: float32, same kernels, so the
-    same acceptance to the token."""
+    """The query pass as the plugin's graph with the logits and the scorer's preparation
+    in the build's graph (the defaults), and as vLLM's piecewise pass with them eager
+    before the build (DOMINOTREE_DRAFT_GRAPHS=0, DOMINOTREE_PREPARE_IN_BUILD=0), draft
+    the same trees: float32, same kernels, so the same acceptance to the token."""
     config = {"method": "dominotree", "model": str(dirs[1])}
     graph_tokens, graph = generate(dirs, config)
     monkeypatch.setenv("DOMINOTREE_DRAFT_GRAPHS", "0")
+    monkeypatch.setenv("DOMINOTREE_PREPARE_IN_BUILD", "0")
     pass_tokens, piecewise = generate(dirs, config)
     print("drafts", graph, piecewise)
     assert graph_tokens == pass_tokens == expected[: len(PROMPTS)]
     assert graph["graph_drafts"] > 0 and graph["eager_drafts"] == 0
     assert piecewise["graph_drafts"] == 0 and piecewise["eager_drafts"] > 0
+    assert graph["prepared_in_build"] > 0 and piecewise["prepared_in_build"] == 0
     for name in ("trees", "accepted_tokens", "sibling_accepts", "tree_leaves"):
         assert graph[name] == piecewise[name], name
 

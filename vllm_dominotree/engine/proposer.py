@@ -10,9 +10,15 @@ drafter KV cache, non-causal query block) with two differences:
   device tensor: vLLM puts them into the next step's input ids on the device, and the
   runner describes that step from the builder's table (tree_step.py), so no one waits
   for the trees (vLLM's asynchronous scheduling runs a step ahead, as for DFlash).
+
+On one GPU the drafter's logits and the scorer's preparation are the build's first stage,
+inside its graph (DOMINOTREE_PREPARE_IN_BUILD=0 runs them eagerly before it, as under
+tensor parallelism and on CPU).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from vllm.forward_context import set_forward_context
@@ -26,8 +32,16 @@ from ..stage_clock import DraftBuildTimes
 from ..tree.ancestry import TOKEN
 from ..tree.builder import build_trees
 from ..tree.device_builder import DeviceTreeBuilder
-from ..tree.scorers import make_scorer
+from ..tree.scorers import make_scorer, padded_rows
 from .draft_graphs import DraftGraphs, draft_graphs_enabled
+
+# The most the build's graph pool may keep for the drafter's logits ([rows x depth, vocab]
+# of its largest padded batch); larger batches prepare the scorer before the build.
+PREPARE_IN_BUILD_BYTES = 512 << 20
+
+
+def prepare_in_build_enabled() -> bool:
+    return os.environ.get("DOMINOTREE_PREPARE_IN_BUILD", "1") != "0"
 
 
 class DominoTreeProposer(DFlashProposer):
@@ -49,6 +63,8 @@ class DominoTreeProposer(DFlashProposer):
         self.draft_graphs: DraftGraphs | None = None
         self.graph_drafts = 0
         self.eager_drafts = 0
+        # The rows the build prepares the scorer from, when it does ([R, K, H]).
+        self.step_hidden: torch.Tensor | None = None
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         # The drafter was checked against the target in process 0 (patches/engine_args.py).
@@ -67,11 +83,21 @@ class DominoTreeProposer(DFlashProposer):
             prefix_len=self.spec.pure_draft_prefix_len,
             max_requests=self.max_batch_size,
         )
-        # CUDA: the device builder, one captured graph per build. CPU: the host heap for
-        # trees, the device builder's reference (same trees, tests/test_tree_builder.py):
-        # without graphs the fixed-shape pops cost more torch calls than the heap's
+        # CUDA: the device builder, one captured graph per build (with the scorer's
+        # preparation in it on one GPU). CPU: the host heap for trees, the device
+        # builder's reference (same trees, tests/test_tree_builder.py): without graphs
+        # the fixed-shape pops cost more torch calls than the heap's
         # (benchmarks/results/cpu_builder_choice.md); the chain is the scorer's unrolled
         # decoder on both.
+        prepare_rows = self._prepare_in_build_rows()
+        if prepare_rows:
+            self.step_hidden = torch.zeros(
+                self.max_batch_size,
+                self.shape.max_depth,
+                self.hidden_size,
+                dtype=self.dtype,
+                device=self.device,
+            )
         self.builder = DeviceTreeBuilder(
             self.scorer,
             self.shape,
@@ -79,7 +105,36 @@ class DominoTreeProposer(DFlashProposer):
             max_requests=self.max_batch_size,
             device=self.device,
             table_width=self.reserved + 1,  # vLLM may schedule up to `reserved` drafts
+            prepare=self._prepare_from_step_hidden if prepare_rows else None,
+            prepare_rows=prepare_rows,
         )
+
+    def _prepare_in_build_rows(self) -> int:
+        """The largest padded batch whose build prepares the scorer itself (0: none):
+        CUDA on one GPU, its logits within PREPARE_IN_BUILD_BYTES."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        if (
+            self.device.type != "cuda"
+            or get_tensor_model_parallel_world_size() > 1
+            or not prepare_in_build_enabled()
+        ):
+            return 0
+        vocab = self.vllm_config.model_config.get_vocab_size()
+        per_request = self.shape.max_depth * vocab * self.dtype.itemsize
+        r = self.max_batch_size
+        sizes = {padded_rows(n, r) for n in range(1, r + 1)}
+        return max((p for p in sizes if p * per_request <= PREPARE_IN_BUILD_BYTES), default=0)
+
+    def _prepare_from_step_hidden(self, p: int) -> None:
+        """The build's first stage: the scorer prepared from step_hidden's first p rows."""
+        hidden = self.step_hidden[:p]
+        self.scorer.prepare(hidden, self._logits(hidden))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The drafter's marginal logits of its rows: [R, K, H] -> [R, K, V]."""
+        r, k, _ = hidden.shape
+        return self.model.compute_logits(hidden.reshape(r * k, -1)).view(r, k, -1)
 
     def capture_builder(self) -> None:
         """The builder's CUDA graphs, one per padded batch size (the runner calls this
@@ -142,7 +197,7 @@ class DominoTreeProposer(DFlashProposer):
         times = self.times
         times.mark(times.DRAFT)
         with self.clock.stage("draft"):
-            hidden, base_logits = self._draft(
+            hidden = self._draft(
                 target_token_ids,
                 target_positions,
                 target_hidden_states,
@@ -153,11 +208,14 @@ class DominoTreeProposer(DFlashProposer):
                 num_rejected_tokens_gpu,
             )
         times.mark(times.DRAFTED)
-        with self.clock.stage("build"):
-            self.scorer.prepare(hidden, base_logits)
+        num_reqs = next_token_ids.shape[0]
+        with self.clock.stage("build"):  # the logits, the scorer's preparation, the build
+            if self.builder.prepares(num_reqs):
+                self.step_hidden[:num_reqs].copy_(hidden)  # where the build's graph reads
+            else:
+                self.scorer.prepare(hidden, self._logits(hidden))
             self._build(next_token_ids)
         self.times.close()
-        num_reqs = next_token_ids.shape[0]
         # A new tensor: vLLM keeps it (and may copy it to the host) past the next build.
         return self.builder.table[TOKEN, :num_reqs, 1 : self.budget + 1].clamp(min=0)
 
@@ -171,10 +229,10 @@ class DominoTreeProposer(DFlashProposer):
         common_attn_metadata,
         mm_embed_inputs,
         num_rejected_tokens_gpu,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """One backbone pass over every request's block: the rows that predict drafts
-        0..K-1 and their marginal logits, [R, K, H] and [R, K, V], K the deepest a tree
-        can reach (the drafter's drafts per block, or fewer under a small budget)."""
+        0..K-1, [R, K, H], K the deepest a tree can reach (the drafter's drafts per
+        block, or fewer under a small budget)."""
         num_reqs = common_attn_metadata.batch_size()
         context = self.model.combine_hidden_states(target_hidden_states)
         # The query block is block_size slots: the bonus and block_size - 1 masks.
@@ -203,9 +261,7 @@ class DominoTreeProposer(DFlashProposer):
             self.eager_drafts += 1
 
         first, k = self.spec.first_draft_slot, self.shape.max_depth
-        hidden = block_rows.view(num_reqs, self.spec.block_size, -1)[:, first : first + k]
-        base_logits = self.model.compute_logits(hidden.reshape(num_reqs * k, -1))
-        return hidden, base_logits.view(num_reqs, k, -1)
+        return block_rows.view(num_reqs, self.spec.block_size, -1)[:, first : first + k]
 
     def _piecewise_query_pass(self, num_tokens: int, cad, mm_embed_inputs) -> torch.Tensor:
         """vLLM's own query pass (piecewise graphs on CUDA, eager on CPU), [T, H]."""

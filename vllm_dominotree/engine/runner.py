@@ -65,6 +65,9 @@ class DominoTreeStats:
     # batch size without a graph).
     graph_builds: int = 0
     eager_builds: int = 0
+    # Builds that began with the drafter's logits and the scorer's preparation (inside
+    # the build's graph on CUDA; one GPU, batches up to the proposer's byte bound).
+    prepared_in_build: int = 0
     # Verification steps by how the accept stage ran: one captured CUDA graph (greedy
     # steps on CUDA), or eagerly (sampled requests, CPU, no graphs captured).
     graph_accepts: int = 0
@@ -286,6 +289,7 @@ class DominoTreeRunnerMixin:
             stats,
             graph_builds=drafter.builder.counts.graph_builds,
             eager_builds=drafter.builder.counts.eager_builds,
+            prepared_in_build=drafter.builder.counts.prepared_in_build,
             graph_descriptions=buffers.graph_gathers,
             eager_descriptions=buffers.eager_gathers,
             graph_drafts=drafter.graph_drafts,

@@ -27,10 +27,18 @@ log-probs in the same order as the heap, hence are the same doubles.
 
 With `spine`, the spine tip's best child is owed before anything is popped (builder.py).
 The chain (one child per node, one block) is the scorer's own unrolled decoder.
+
+A build may begin with the scorer's preparation (`prepare`: the drafter's logits and the
+scorer's per-step tables from the caller's fixed buffers), so that on CUDA it is part of
+the build's graph rather than a dozen eager launches before it. The caller passes it
+where that is possible (one GPU: vLLM's logits need a collective under tensor
+parallelism) and up to `prepare_rows` padded requests (the graph pool keeps the largest
+size's [rows x depth, vocab] logits for the engine's life).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +59,7 @@ class BuildCounts:
 
     graph_builds: int = 0
     eager_builds: int = 0
+    prepared_in_build: int = 0  # builds that began with the scorer's preparation
 
 
 class DeviceTreeBuilder:
@@ -63,8 +72,14 @@ class DeviceTreeBuilder:
         max_requests: int,
         device: torch.device,
         table_width: int | None = None,
+        prepare: Callable[[int], None] | None = None,
+        prepare_rows: int = 0,
     ):
+        """prepare(p): the scorer prepared for p padded requests from the caller's own
+        buffers, run first in builds of at most `prepare_rows` padded requests; larger
+        builds (and every build without it) expect the scorer prepared before launch."""
         self.scorer, self.shape, self.chain = scorer, shape, chain
+        self.prepare, self.prepare_rows = prepare, prepare_rows if prepare else 0
         self.max_requests, self.device = max_requests, device
         r, n, c = max_requests, shape.budget + 2, scorer.max_children
         self.slots = shape.budget + 1  # tree nodes; slot `slots` is the scratch slot
@@ -108,12 +123,17 @@ class DeviceTreeBuilder:
         self.launch(anchors)
         return self.collect(anchors.shape[0])
 
+    def prepares(self, n: int) -> bool:
+        """Whether a build of n requests prepares the scorer itself."""
+        return padded_rows(n, self.max_requests) <= self.prepare_rows
+
     @torch.no_grad()
     def launch(self, anchors: torch.Tensor) -> None:
         """The build, queued (no wait)."""
         n = anchors.shape[0]
         p = padded_rows(n, self.max_requests)
         self.anchors[:n].copy_(anchors)
+        self.counts.prepared_in_build += self.prepares(n)
         graph = self._graphs.get(p)
         if graph is not None:
             graph.replay()
@@ -152,6 +172,8 @@ class DeviceTreeBuilder:
     def _grow(self, p: int) -> None:
         """The whole build for p padded rows, from self.anchors into self.trees."""
         anchors, rows = self.anchors[:p], self.rows[:p]
+        if p <= self.prepare_rows:
+            self.prepare(p)
         if self.chain:
             self._grow_chain(p)
             return
