@@ -258,6 +258,12 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                     stage: {k: v / steps for k, v in counts.items()}
                     for stage, counts in trace.get("launches_by_stage", {}).items()
                 }
+                # The GPU's kernel milliseconds per step (against ms_per_round: whether
+                # the GPU or the host sets the round), and per stage.
+                row["kernel_ms_per_step"] = trace["kernel_ms"] / steps
+                row["kernel_ms_per_step_by_stage"] = {
+                    k: v / steps for k, v in trace["kernel_ms_by_stage"].items()
+                }
                 row["trace_calls"] = trace["calls"]
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
             rows.append(row)
@@ -294,6 +300,13 @@ def report(rows: list[dict], args) -> None:
         ]
         host = r.get("host_ms_per_step", {})
         cells.append(", ".join(f"{k} {v:.2f}" for k, v in sorted(host.items())) or "-")
+        gpu = r.get("kernel_ms_per_step_by_stage", {})
+        cells.append(
+            f"{r['kernel_ms_per_step']:.2f}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(gpu.items()))
+            if "kernel_ms_per_step" in r
+            else "-"
+        )
         by_stage = r.get("per_step_by_stage", {})
         cells.append(
             ", ".join(
@@ -332,6 +345,7 @@ def report(rows: list[dict], args) -> None:
         "eager launches/step",
         "host waits/step",
         "host ms/step by stage (traced)",
+        "GPU kernel ms/step: by stage (traced)",
         "eager launches / torch ops per step by stage (traced)",
         "vs dflash",
         "projected speedup (paper tau)",

@@ -74,6 +74,8 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             host = r["host_ms_per_step"]
             assert all(host[k] > 0 for k in ("prepare", "verify", "draft", "build", "step"))
             assert host["draft"] + host["build"] < host["step"], host
+            # The GPU's kernel time: none on this machine.
+            assert r["kernel_ms_per_step"] == 0 and r["kernel_ms_per_step_by_stage"] == {}
         else:
             assert "profiled_ms" not in r
         if base in PAPER_TAU:

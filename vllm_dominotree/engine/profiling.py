@@ -8,11 +8,15 @@ outside graphs, calls that block the host until the device catches up, and the h
 milliseconds inside each stage (the stages are profiler ranges while tracing), with the
 launches and the torch ops the host dispatched (top-level `aten::` calls) counted per
 stage too: the innermost stage around each ("step" is vLLM's own work between the
-plugin's stages).
+plugin's stages), and the GPU's: the milliseconds its kernels ran, per stage (the
+innermost stage range on the device's timeline around each kernel's start). Kernel
+milliseconds per step against the round's milliseconds say whether the GPU or the host
+sets the round.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 
 from ..stage_clock import LABEL_PREFIX
@@ -85,12 +89,16 @@ class LaunchTrace:
         def total(names):
             return sum(calls.get(n, 0) for n in names)
 
+        kernel_ms = device_ms_by_stage(profiler.events())
+
         return {
             "graph_launches": total(GRAPH_LAUNCHES),
             "kernel_launches": total(KERNEL_LAUNCHES),
             "host_waits": total(HOST_WAITS),
             "memcpy_async": calls.get("cudaMemcpyAsync", 0),
             "host_ms": dict(host_ms),
+            "kernel_ms": sum(kernel_ms.values()),
+            "kernel_ms_by_stage": kernel_ms,
             "launches_by_stage": {k: dict(v) for k, v in by_stage.items()},
             "calls": dict(calls),
             "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
@@ -106,3 +114,30 @@ def _innermost_stage(event) -> str:
             return parent.name[len(LABEL_PREFIX) :]
         parent = parent.cpu_parent
     return "outside"
+
+
+def device_ms_by_stage(events) -> dict[str, float]:
+    """Milliseconds of GPU kernels per stage: each kernel goes to the innermost stage
+    range on the device's timeline that holds its start ("outside" if none). Copies and
+    fills (`Memcpy ...`, `Memset ...`) run on copy engines beside the kernels: left out.
+    events: the profiler's events (device ones have device_type CUDA and a time range in
+    microseconds)."""
+    ranges, kernels = [], []
+    for e in events:
+        if e.device_type.name != "CUDA":
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        if e.name.startswith(LABEL_PREFIX):
+            ranges.append((*span, e.name[len(LABEL_PREFIX) :]))
+        elif not e.name.startswith(("Memcpy", "Memset")):
+            kernels.append(span)
+    ranges.sort()
+    starts = [r[0] for r in ranges]
+    by_stage: dict[str, float] = defaultdict(float)
+    for start, end in kernels:
+        # Ranges that begin at or before the kernel; the innermost holding it is the
+        # shortest of those that end after its start.
+        holding = [r for r in ranges[: bisect.bisect_right(starts, start)] if r[1] > start]
+        stage = min(holding, key=lambda r: r[1] - r[0])[2] if holding else "outside"
+        by_stage[stage] += (end - start) / 1e3
+    return dict(by_stage)

@@ -1,0 +1,43 @@
+"""The trace's GPU side (engine/profiling.py): each kernel's milliseconds go to the
+innermost stage range around its start on the device's timeline. The events are shaped
+as torch's profiler gives them (device_type, name, time_range in microseconds); a real
+trace needs CUDA (benchmarks/round_cost_bench.py records it on the GPU)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from torch.autograd import DeviceType
+
+from vllm_dominotree.engine.profiling import device_ms_by_stage
+from vllm_dominotree.stage_clock import LABEL_PREFIX
+
+
+def event(name, start, end, device=DeviceType.CUDA):
+    return SimpleNamespace(
+        name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end)
+    )
+
+
+def test_kernels_go_to_the_innermost_stage_around_their_start():
+    events = [
+        event(LABEL_PREFIX + "step", 0, 1000),
+        event(LABEL_PREFIX + "verify", 100, 400),
+        event(LABEL_PREFIX + "build", 500, 700),
+        event(LABEL_PREFIX + "step", 2000, 2500),
+        event("gemm", 120, 300),  # verify
+        event("fixup", 300, 390),  # verify
+        event("pop", 500, 520),  # build: begins with it
+        event("pop", 690, 720),  # build: began inside, ends after
+        event("sampler", 800, 850),  # step only
+        event("gemm", 2100, 2200),  # the second step
+        event("stray", 1500, 1510),  # in no stage
+        event("Memcpy DtoH (Device -> Pinned)", 130, 140),  # a copy engine's: left out
+        event("Memset (Device)", 510, 512),
+        event("aten::mm", 120, 300, device=DeviceType.CPU),  # the host's: left out
+    ]
+    got = device_ms_by_stage(events)
+    assert got == pytest.approx({"verify": 0.27, "build": 0.05, "step": 0.15, "outside": 0.01})
+    assert device_ms_by_stage([event("k", 0, 5)]) == {"outside": 0.005}
+    assert device_ms_by_stage([]) == {}
