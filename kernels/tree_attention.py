@@ -11,8 +11,10 @@ seq_lens / block table, and the step's per-row ancestor bits and needs_fix flags
 (engine/tree_step.py), so a launch captured in a CUDA graph recomputes the right rows at
 every replay. The grid depends only on the batch's shape: one program per (request,
 KV head, key split); a request whose rows need no fix returns at once. With more than
-one split (small batches, to fill the GPU), partial results are merged by log-sum-exp
-in a second launch.
+one split (small batches, to fill the GPU), each split stores its partial result and the
+last of a (request, KV head)'s splits to finish merges them by log-sum-exp, in the same
+launch (a per-(request, KV head) counter, reset by the merging program for the next
+launch or graph replay): one launch per layer.
 
 Layout: key_cache / value_cache index as [block, slot in block, kv head, head dim]
 (vLLM's FlashAttention / Triton backends; any strides). A request's rows are the query
@@ -38,6 +40,58 @@ def _split_keys(seq_len, num_splits, KEY_TILE: tl.constexpr):
 
 
 @triton.jit
+def _merge_splits(
+    PartAcc,
+    PartMax,
+    PartSum,
+    Out,
+    row,  # [M] query rows
+    head,  # [M] their heads
+    write,  # [M] the (row, head) pairs to merge
+    used,  # the splits that held keys
+    stride_ps,
+    stride_pt,
+    stride_ph,
+    stride_ms,
+    stride_mt,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+):
+    """Log-sum-exp merge of the splits' partial results of (row, head) pairs."""
+    dims = tl.arange(0, HEAD_DIM)
+    stat = row * stride_mt + head
+    best = tl.full(row.shape, float("-inf"), tl.float32)
+    for s in range(0, used):
+        part = tl.load(PartMax + s * stride_ms + stat, mask=write, other=float("-inf"))
+        best = tl.maximum(best, part)
+    best = tl.where(write, best, 0.0)  # every fixed row saw its root: best is finite
+    total = tl.zeros(row.shape, tl.float32)
+    acc = tl.zeros([row.shape[0], HEAD_DIM], tl.float32)
+    for s in range(0, used):
+        weight = tl.exp(
+            tl.load(PartMax + s * stride_ms + stat, mask=write, other=float("-inf")) - best
+        )
+        total += weight * tl.load(PartSum + s * stride_ms + stat, mask=write, other=0.0)
+        part = tl.load(
+            PartAcc
+            + s * stride_ps
+            + row[:, None] * stride_pt
+            + head[:, None] * stride_ph
+            + dims[None, :],
+            mask=write[:, None],
+            other=0.0,
+        )
+        acc += weight[:, None] * part
+    total = tl.where(write, total, 1.0)
+    tl.store(
+        Out + row[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+        (acc / total[:, None]).to(Out.dtype.element_ty),
+        mask=write[:, None],
+    )
+
+
+@triton.jit
 def _tree_rows_attention(
     Q,
     K,
@@ -50,6 +104,7 @@ def _tree_rows_attention(
     PartAcc,
     PartMax,
     PartSum,
+    Counters,
     Out,
     stride_qt,
     stride_qh,
@@ -162,68 +217,31 @@ def _tree_rows_attention(
         tl.store(
             PartSum + split * stride_ms + (first_row + row) * stride_mt + head, total, mask=write
         )
-
-
-@triton.jit
-def _merge_splits(
-    PartAcc,
-    PartMax,
-    PartSum,
-    QueryStart,
-    SeqLens,
-    NeedsFix,
-    Out,
-    stride_ps,
-    stride_pt,
-    stride_ph,
-    stride_ms,
-    stride_mt,
-    stride_ot,
-    stride_oh,
-    num_splits,
-    HEAD_DIM: tl.constexpr,
-    ROWS: tl.constexpr,
-    KEY_TILE: tl.constexpr,
-):
-    """Log-sum-exp merge of one request's fixed rows for one head, over the splits that
-    held keys (a short context fills few of them)."""
-    req = tl.program_id(0)
-    head = tl.program_id(1)
-    first_row = tl.load(QueryStart + req)
-    offsets = tl.arange(0, ROWS)
-    row = first_row + offsets
-    num_rows = tl.load(QueryStart + req + 1) - first_row
-    fix = tl.load(NeedsFix + row, mask=offsets < num_rows, other=0) != 0
-    if tl.max(fix.to(tl.int32), axis=0) == 0:
-        return
-    seq_len = tl.load(SeqLens + req)
-    used = tl.cdiv(seq_len, _split_keys(seq_len, num_splits, KEY_TILE))
-    dims = tl.arange(0, HEAD_DIM)
-    stat = row * stride_mt + head
-    best = tl.full([ROWS], float("-inf"), tl.float32)
-    for s in range(0, used):
-        part = tl.load(PartMax + s * stride_ms + stat, mask=fix, other=float("-inf"))
-        best = tl.maximum(best, part)
-    best = tl.where(fix, best, 0.0)  # every fixed row saw its root: best is finite
-    total = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-    for s in range(0, used):
-        weight = tl.exp(
-            tl.load(PartMax + s * stride_ms + stat, mask=fix, other=float("-inf")) - best
-        )
-        total += weight * tl.load(PartSum + s * stride_ms + stat, mask=fix, other=0.0)
-        part = tl.load(
-            PartAcc + s * stride_ps + row[:, None] * stride_pt + head * stride_ph + dims[None, :],
-            mask=fix[:, None],
-            other=0.0,
-        )
-        acc += weight[:, None] * part
-    total = tl.where(fix, total, 1.0)
-    tl.store(
-        Out + row[:, None] * stride_ot + head * stride_oh + dims[None, :],
-        (acc / total[:, None]).to(Out.dtype.element_ty),
-        mask=fix[:, None],
-    )
+        # Every thread's stores are issued before the counter's release; the program
+        # that counts last acquires them all and merges the splits that held keys.
+        tl.debug_barrier()
+        used = tl.cdiv(seq_len, chunk)
+        counter = Counters + req * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # for the next launch
+            _merge_splits(
+                PartAcc,
+                PartMax,
+                PartSum,
+                Out,
+                first_row + row,
+                head,
+                write,
+                used,
+                stride_ps,
+                stride_pt,
+                stride_ph,
+                stride_ms,
+                stride_mt,
+                stride_ot,
+                stride_oh,
+                HEAD_DIM,
+            )
 
 
 def num_splits_for(num_reqs: int, kv_heads: int, num_rows: int, capacity_rows: int) -> int:
@@ -246,6 +264,9 @@ class TreeAttention:
         self.part_acc = torch.empty(capacity_rows, num_heads, head_dim, device=device)
         self.part_max = torch.empty(capacity_rows, num_heads, device=device)
         self.part_sum = torch.empty(capacity_rows, num_heads, device=device)
+        # Splits finished per (request, KV head), zero between launches (with splits,
+        # requests <= rows <= capacity_rows).
+        self.counters = torch.zeros(capacity_rows * num_heads, device=device, dtype=torch.int32)
 
     def __call__(
         self,
@@ -284,6 +305,7 @@ class TreeAttention:
             part_acc,
             part_max,
             part_sum,
+            self.counters,
             out,
             query.stride(0),
             query.stride(1),
@@ -315,28 +337,6 @@ class TreeAttention:
             # A [rows x group, head dim] float32 accumulator: 8 warps keep a 128 x 128
             # one in registers (4 spill it).
             num_warps=8 if self.rows_per_tree * group_pad * head_dim >= 128 * 128 else 4,
-        )
-        if direct:
-            return
-        _merge_splits[(num_reqs, heads)](
-            part_acc,
-            part_max,
-            part_sum,
-            query_start,
-            seq_lens,
-            needs_fix,
-            out,
-            part_acc.stride(0),
-            part_acc.stride(1),
-            part_acc.stride(2),
-            part_max.stride(0),
-            part_max.stride(1),
-            out.stride(0),
-            out.stride(1),
-            splits,
-            HEAD_DIM=head_dim,
-            ROWS=self.rows_per_tree,
-            KEY_TILE=KEY_TILE,
         )
 
 

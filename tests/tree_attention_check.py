@@ -69,7 +69,9 @@ def max_error(
     device: str, dtype: torch.dtype, seed: int, capacity_rows: int = 4096, **shape
 ) -> tuple[float, float, int]:
     """(max |kernel - reference| on the rows that need a fix, max change on the other rows,
-    number of fixed rows). capacity_rows below the batch's rows forces the one-split path."""
+    number of fixed rows). capacity_rows below the batch's rows forces the one-split path.
+    The kernel runs twice, as a graph replays it: the splits' counters must be back at
+    zero after each launch and the second launch must give the first's rows."""
     args = random_case(device, dtype, seed, **shape)
     query, needs_fix = args[0], args[-1]
     scale = query.shape[-1] ** -0.5
@@ -83,6 +85,10 @@ def max_error(
         capacity_rows=capacity_rows,
     )
     kernel(*args, scale, got)
+    assert not kernel.counters.any(), "a launch left split counters behind"
+    again = sentinel.clone()
+    kernel(*args, scale, again)
+    assert not kernel.counters.any() and torch.equal(again, got), "a second launch differs"
     tree_attention_reference(*args, scale, want)
     fixed = needs_fix.bool()
     error = (got[fixed].float() - want[fixed].float()).abs().max().item()
