@@ -22,7 +22,11 @@ splits a round into prepare (the step's trees described), verify (target forward
 accept, draft (drafter backbone), build (trees) and the rest (the stage clock's syncs
 make that pass slower; its split, not its total, is what it is for), and a third pass
 traces the worker's CUDA API calls (profiling.LaunchTrace): graph replays, eager kernel
-launches, host waits and the host's milliseconds inside each stage per step.
+launches, host waits and the host's milliseconds inside each stage per step, and the
+GPU's kernel milliseconds per round and per stage. vLLM's own methods get that kernel
+time too, from a traced pass through a worker extension of the benchmark's
+(profiling.KernelTraceExtension, vLLM's `worker_extension_cls`): kernel ms per round
+against ms per round says how much of each round the GPU computes.
 The projection multiplies the paper's accept lengths (Qwen3-4B, 8 sets) by AR's step
 time over each method's round time: a projection, not a measurement.
 
@@ -74,6 +78,10 @@ SHAPES = {
     ),
 }
 BLOCK_SIZE = 16
+PLUGIN_METHODS = ("chain", "marginal", "conditional")
+# vLLM's worker extension that traces the baselines' kernels (engine/profiling.py).
+KERNEL_TRACE = "vllm_dominotree.engine.profiling.KernelTraceExtension"
+
 # Method suffix -> (engine arguments, environment) of the variant.
 VARIANTS = {
     "-sync": ({"async_scheduling": False}, {}),
@@ -216,6 +224,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         enforce_eager=args.enforce_eager,
         # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
         kernel_config={"enable_jit_warmup": False},
+        worker_extension_cls="" if base in PLUGIN_METHODS else KERNEL_TRACE,
         **variant,
     )
     vocab = SHAPES[args.shape]["vocab_size"]
@@ -231,7 +240,14 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 "accept_length": (args.tokens - 1) / rounds,
                 "ms_per_round": 1e3 * seconds / rounds,
             }
-            if base in ("chain", "marginal", "conditional") and not args.no_split:
+            if base not in PLUGIN_METHODS and not args.no_split:
+                # vLLM's own methods: the GPU's kernel time only (their workers carry the
+                # benchmark's trace extension, nothing of the plugin's).
+                llm.collective_rpc("kernel_trace", args=(True,))
+                _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
+                trace = llm.collective_rpc("kernel_trace", args=(False,))[0]
+                row["kernel_ms_per_round"] = trace["kernel_ms"] / traced
+            if base in PLUGIN_METHODS and not args.no_split:
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 stats = llm.collective_rpc("dominotree_stats")[0]
@@ -244,7 +260,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 split["rest"] = split.pop("step") - sum(split.values())
                 row["profiled_ms"] = split
                 llm.collective_rpc("dominotree_trace", args=(True,))
-                timed_batch(llm, batch, args.tokens, vocab, seed=2)
+                _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("dominotree_trace", args=(False,))[0]
                 steps = max(1, trace["steps"])
                 row["per_step"] = {
@@ -258,11 +274,11 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                     stage: {k: v / steps for k, v in counts.items()}
                     for stage, counts in trace.get("launches_by_stage", {}).items()
                 }
-                # The GPU's kernel milliseconds per step (against ms_per_round: whether
+                # The GPU's kernel milliseconds per round (against ms_per_round: whether
                 # the GPU or the host sets the round), and per stage.
-                row["kernel_ms_per_step"] = trace["kernel_ms"] / steps
-                row["kernel_ms_per_step_by_stage"] = {
-                    k: v / steps for k, v in trace["kernel_ms_by_stage"].items()
+                row["kernel_ms_per_round"] = trace["kernel_ms"] / traced
+                row["kernel_ms_per_round_by_stage"] = {
+                    k: v / traced for k, v in trace["kernel_ms_by_stage"].items()
                 }
                 row["trace_calls"] = trace["calls"]
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
@@ -300,11 +316,11 @@ def report(rows: list[dict], args) -> None:
         ]
         host = r.get("host_ms_per_step", {})
         cells.append(", ".join(f"{k} {v:.2f}" for k, v in sorted(host.items())) or "-")
-        gpu = r.get("kernel_ms_per_step_by_stage", {})
+        gpu = r.get("kernel_ms_per_round_by_stage", {})
         cells.append(
-            f"{r['kernel_ms_per_step']:.2f}: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(gpu.items()))
-            if "kernel_ms_per_step" in r
+            f"{r['kernel_ms_per_round']:.2f}"
+            + "".join(f", {k} {v:.2f}" for k, v in sorted(gpu.items()))
+            if "kernel_ms_per_round" in r
             else "-"
         )
         by_stage = r.get("per_step_by_stage", {})
@@ -345,7 +361,7 @@ def report(rows: list[dict], args) -> None:
         "eager launches/step",
         "host waits/step",
         "host ms/step by stage (traced)",
-        "GPU kernel ms/step: by stage (traced)",
+        "GPU kernel ms/round, by stage (traced)",
         "eager launches / torch ops per step by stage (traced)",
         "vs dflash",
         "projected speedup (paper tau)",

@@ -106,6 +106,19 @@ class LaunchTrace:
         }
 
 
+class KernelTraceExtension:
+    """A vLLM worker extension (`worker_extension_cls`) for benchmarks: LaunchTrace on
+    any engine's worker, vLLM's own methods' included, through
+    `llm.collective_rpc("kernel_trace", args=(True,))` ... `args=(False,)`."""
+
+    def kernel_trace(self, enabled: bool) -> dict | None:
+        if enabled:
+            self._kernel_trace = LaunchTrace()
+            self._kernel_trace.start()
+            return None
+        return self._kernel_trace.stop()
+
+
 def _innermost_stage(event) -> str:
     """The stage (StageClock label) around a profiler event, or "outside"."""
     parent = event.cpu_parent
