@@ -84,9 +84,6 @@ class DeviceTreeBuilder:
         r, n, c = max_requests, shape.budget + 2, scorer.max_children
         self.slots = shape.budget + 1  # tree nodes; slot `slots` is the scratch slot
         self.anchors = torch.zeros(r, device=device, dtype=torch.long)
-        # The finished trees: tokens, parents, depths, scores per slot, as float64 (token
-        # ids are exact) so that the host reads them in one copy.
-        self.trees = torch.zeros(r, 4, self.slots, device=device, dtype=torch.float64)
         # The verification step's view of the trees, `table_width` slots per request (at
         # least the tree's; more when vLLM may schedule more drafts than the budget, as
         # on CPU, where it reserves the drafter's block): the tree's slots, then slots
@@ -118,8 +115,9 @@ class DeviceTreeBuilder:
     @torch.no_grad()
     def build(self, anchors: torch.Tensor) -> list[DraftTree]:
         """anchors: [R] the last verified token of each request, on the device; the
-        scorer is prepared for these R requests. One host wait, for the finished trees
-        (tests and benchmarks: the engine launches and leaves the trees on the device)."""
+        scorer is prepared for these R requests (or `prepare` prepares it). One host wait,
+        for the finished trees (tests and benchmarks: the engine launches and leaves the
+        trees on the device)."""
         self.launch(anchors)
         return self.collect(anchors.shape[0])
 
@@ -149,7 +147,9 @@ class DeviceTreeBuilder:
 
     def collect(self, n: int) -> list[DraftTree]:
         """The n trees of the last launch, on the host (waits for the build)."""
-        return _draft_trees(self.trees[:n].cpu().numpy())
+        s = self.slots
+        fields = (self.tokens, self.parents, self.depths, self.scores)
+        return _draft_trees(*(f[:n, :s].cpu().numpy() for f in fields))
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -170,9 +170,10 @@ class DeviceTreeBuilder:
             self._graphs[p] = graph
 
     def _grow(self, p: int) -> None:
-        """The whole build for p padded rows, from self.anchors into self.trees."""
+        """The whole build for p padded rows, from self.anchors into the slots and the
+        table."""
         anchors, rows = self.anchors[:p], self.rows[:p]
-        if p <= self.prepare_rows:
+        if self.prepares(p):
             self.prepare(p)
         if self.chain:
             self._grow_chain(p)
@@ -240,11 +241,9 @@ class DeviceTreeBuilder:
         self._finish(p)
 
     def _finish(self, p: int) -> None:
-        """The built slots into the host's copy source and the verification table."""
-        out, s = self.trees[:p], self.slots
+        """The built slots into the verification table."""
+        s = self.slots
         tokens, parents, depths = self.tokens[:p, :s], self.parents[:p, :s], self.depths[:p, :s]
-        out[:, 0], out[:, 1] = tokens, parents
-        out[:, 2], out[:, 3] = depths, self.scores[:p, :s]
         describe_slots(tokens, parents, depths, self.table[:, :p, :s])
 
     def _advance_rows(
@@ -327,17 +326,17 @@ def slot_tensors(
     return tokens, parents, depths
 
 
-def _draft_trees(rows: np.ndarray) -> list[DraftTree]:
-    """rows: [n, 4, slots] float64 (tokens, parents, depths, scores per slot) -> the
-    trees, each cut at its first unused slot. The integer fields are converted once for
-    all trees (this runs on the host after the step's wait for the trees)."""
-    sizes = (rows[:, 1] != UNUSED).sum(1).tolist()
-    ints = rows[:, :3].astype(np.int64).tolist()
-    scores = rows[:, 3].tolist()
+def _draft_trees(
+    tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray
+) -> list[DraftTree]:
+    """The slots' fields, [n, slots] each (scores float64) -> the trees, each cut at its
+    first unused slot."""
+    sizes = (parents != UNUSED).sum(1).tolist()
+    rows = zip(tokens.tolist(), parents.tolist(), depths.tolist(), scores.tolist(), strict=True)
     trees = []
-    for n, (tokens, parents, depths), score in zip(sizes, ints, scores, strict=True):
+    for n, (token, parent, depth, score) in zip(sizes, rows, strict=True):
         children = [[] for _ in range(n)]
         for node in range(1, n):
-            children[parents[node]].append(node)
-        trees.append(DraftTree(tokens[:n], parents[:n], depths[:n], score[:n], children))
+            children[parent[node]].append(node)
+        trees.append(DraftTree(token[:n], parent[:n], depth[:n], score[:n], children))
     return trees
