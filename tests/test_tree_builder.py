@@ -13,7 +13,7 @@ from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.drafter.checkpoint import write_checkpoint
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 from vllm_dominotree.tree.ancestry import TOKEN
-from vllm_dominotree.tree.scorers import reduction_linear, top_by_rank
+from vllm_dominotree.tree.scorers import top_by_rank
 
 V, K = 40, 5
 
@@ -335,32 +335,3 @@ def test_top_by_rank_is_topk_with_ties_in_index_order():
     tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0]])
     values, index = top_by_rank(tied, 4)
     assert index.tolist() == [[1, 2, 4, 5]] and values.tolist() == [[3.0, 3.0, 3.0, 2.0]]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reduction_linear_is_the_linear_map(dtype):
-    """The pop's products as CUDA's compiled build writes them (a product and a float32
-    sum) compute F.linear: the same x @ w.T up to summation order."""
-    gen = torch.Generator().manual_seed(5)
-    x, w = torch.randn(3, 40, generator=gen), torch.randn(24, 40, generator=gen)
-    got = reduction_linear(x.to(dtype), w.to(dtype))
-    want = torch.nn.functional.linear(x.to(dtype).float(), w.to(dtype).float())
-    assert got.dtype == dtype and got.shape == (3, 24)
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    assert torch.allclose(got.float(), want, rtol=tolerance, atol=tolerance)
-
-
-def test_conditional_children_with_the_fused_products_are_the_same(head):
-    """A conditional scorer stepping with reduction_linear (as on CUDA) gives the
-    children of F.linear's (CPU's): same tokens, log-probs equal to rounding."""
-    shape = TreeShape(budget=12, max_depth=K, max_children=3)
-    hidden, base, embed, anchors = random_step(head, 3, seed=31)
-    scorers = [conditional(head, embed, shape, candidates=16, requests=3) for _ in range(2)]
-    scorers[1]._linear = reduction_linear
-    trees = []
-    for scorer in scorers:
-        scorer.prepare(hidden, base)
-        trees.append(build_trees(scorer, anchors, shape))
-    for a, b in zip(*trees, strict=True):
-        assert a.tokens == b.tokens and a.parents == b.parents
-        assert a.scores == pytest.approx(b.scores, abs=1e-5)

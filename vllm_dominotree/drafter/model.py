@@ -156,11 +156,10 @@ class DominoHead(nn.Module):
     def hidden_size(self) -> int:
         return self.spec.hidden_size
 
-    def gru_step(self, x: torch.Tensor, state: torch.Tensor, linear=F.linear) -> torch.Tensor:
-        """One torch.nn.GRU step (gate order r, z, n; no biases). x: [n, H], state: [n, G].
-        linear(x, w): x @ w.T (the tree builder's graph passes a fused form)."""
-        gi = linear(x, self.w_ih)
-        gh = linear(state, self.w_hh)
+    def gru_step(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """One torch.nn.GRU step (gate order r, z, n; no biases). x: [n, H], state: [n, G]."""
+        gi = F.linear(x, self.w_ih)
+        gh = F.linear(state, self.w_hh)
         i_r, i_z, i_n = gi.chunk(3, dim=-1)
         h_r, h_z, h_n = gh.chunk(3, dim=-1)
         r = torch.sigmoid(i_r + h_r)

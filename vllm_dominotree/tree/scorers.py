@@ -63,15 +63,6 @@ def top_by_rank(values: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
     return values.gather(1, picked), picked
 
 
-def reduction_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T as a product and a float32 sum, [p, I] x [O, I] -> [p, O]. For the few
-    rows of a pop on CUDA: Inductor fuses it into the step's own reduction kernels, where
-    cuBLAS launches a GEMM of its own per product (three per pop, most of a pop's GPU
-    time at one row: benchmarks/results/h200_2026-12-02_graphs/notes.md). Eager (CPU) it
-    would build the [p, O, I] product: there F.linear stays."""
-    return (x[:, None, :].float() * w.float()).sum(-1).to(x.dtype)
-
-
 def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     """log sum exp over the last dimension, in float32. [..., V] -> [...]"""
     return torch.logsumexp(logits.float(), dim=-1)
@@ -170,8 +161,6 @@ class ConditionalScorer:
         if self.restricted:
             self.cand = torch.zeros(r, k, m, device=device, dtype=torch.long)
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
-        # The per-node products: fused reductions where the step is compiled (CUDA).
-        self._linear = reduction_linear if device.type == "cuda" else F.linear
         self._children = compiled(self._children_rows, device)
         self._chain = compiled(self._chain_rows, device)
 
@@ -198,7 +187,7 @@ class ConditionalScorer:
         return self._children(req, node, parent, token, depth)
 
     def _children_rows(self, req, node, parent, token, depth):
-        state = self.head.gru_step(self.embed_tokens[token], self.states[req, parent], self._linear)
+        state = self.head.gru_step(self.embed_tokens[token], self.states[req, parent])
         self.states[req, node] = state
         values, index = self._top_children(state, req, depth, self.max_children)
         tokens = self.cand[req, depth].gather(1, index) if self.restricted else index
@@ -206,7 +195,7 @@ class ConditionalScorer:
 
     def _top_children(self, state, req, depth, count: int):
         """The corrected log-probs of a node's candidates, their top `count`."""
-        u = F.silu(self.hid_part[req, depth] + self._linear(state, self.w_state))  # [p, E]
+        u = F.silu(self.hid_part[req, depth] + state @ self.w_state.T)  # [p, E]
         if self.restricted:
             # A product and a float32 sum over E, which Inductor fuses with the gather of
             # the candidates' rows (a bmm would copy them out first). [p, M]
@@ -242,9 +231,7 @@ class ConditionalScorer:
     def _chain_rows(self, anchors):
         p = anchors.shape[0]
         req = torch.arange(p, device=anchors.device)
-        state = self.head.gru_step(
-            self.embed_tokens[anchors], self.states[:p, self.zero_slot], self._linear
-        )
+        state = self.head.gru_step(self.embed_tokens[anchors], self.states[:p, self.zero_slot])
         tokens, logprobs = [], []
         for d in range(self.hid_part.shape[1]):
             depth = torch.full_like(req, d)
@@ -252,7 +239,7 @@ class ConditionalScorer:
             token = self.cand[req, depth, index[:, 0]] if self.restricted else index[:, 0]
             tokens.append(token)
             logprobs.append(value[:, 0].double())
-            state = self.head.gru_step(self.embed_tokens[token], state, self._linear)
+            state = self.head.gru_step(self.embed_tokens[token], state)
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
