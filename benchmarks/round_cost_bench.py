@@ -3,7 +3,7 @@ and plain decoding, on random weights of a real shape.
 
     python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
         [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain marginal conditional] \\
-        [--tokens 64] [--enforce-eager] [--no-split]
+        [--tokens 64] [--repeats 3] [--enforce-eager] [--no-split]
 
 A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with vLLM's
 synchronous scheduling instead of its default (asynchronous on CUDA), `-vllm-draft` with
@@ -16,7 +16,9 @@ random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and t
 drafters are random DFlash / Domino b16 checkpoints of the released shapes; a random
 drafter accepts next to nothing, so every round commits about one token. Per method and
 batch size, after a warm-up batch: ms per round = the batch's decode time (first to last
-token) / rounds, where rounds come from vLLM's spec-decode counters (AR: tokens - 1).
+token) / rounds, where rounds come from vLLM's spec-decode counters (AR: tokens - 1); the
+median of --repeats runs of the same batch (their range is recorded: single readings
+moved by up to 1.7x between device calls on the H200).
 For the plugin's methods a second pass with the stage clock on (engine/profiling.py)
 splits a round into prepare (the step's trees described), verify (target forward),
 accept, draft (drafter backbone), build (trees) and the rest (the stage clock's syncs
@@ -42,6 +44,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -232,13 +235,20 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     try:
         for batch in args.batches:
             timed_batch(llm, batch, 8, vocab, seed=1)  # warm-up
-            seconds, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
+            # The same batch `repeats` times (same prompts, so the same rounds): the
+            # median is the figure, the runs say how much one reading can move.
+            runs = [
+                timed_batch(llm, batch, args.tokens, vocab, seed=2) for _ in range(args.repeats)
+            ]
+            rounds = runs[0][1]
+            ms_runs = [1e3 * seconds / r for seconds, r in runs]
             row = {
                 "method": method,
                 "batch": batch,
                 "rounds": rounds,
                 "accept_length": (args.tokens - 1) / rounds,
-                "ms_per_round": 1e3 * seconds / rounds,
+                "ms_per_round": statistics.median(ms_runs),
+                "ms_per_round_runs": ms_runs,
             }
             if base not in PLUGIN_METHODS and not args.no_split:
                 # vLLM's own methods: the GPU's kernel time only (their workers carry the
@@ -343,14 +353,14 @@ def report(rows: list[dict], args) -> None:
             else "-"
         )
         scheduling = {True: "async", False: "sync"}.get(r.get("async_scheduling"), "-")
-        table.append(
-            [r["method"], r["batch"], scheduling, f"{r['ms_per_round']:.2f}", *cells, proj_cell]
-        )
+        runs = r.get("ms_per_round_runs", [r["ms_per_round"]])
+        ms = f"{r['ms_per_round']:.2f} ({min(runs):.2f}-{max(runs):.2f})"
+        table.append([r["method"], r["batch"], scheduling, ms, *cells, proj_cell])
     header = [
         "method",
         "batch",
         "scheduling",
-        "ms/round",
+        "ms/round (median, runs' range)",
         "prepare",
         "verify",
         "accept",
@@ -412,6 +422,7 @@ def main() -> None:
         default=["ar", "dflash", "dflash-v1", "chain", "marginal", "conditional"],
     )
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per batch (median)")
     parser.add_argument("--models", type=Path, help="where the random models go (default: --out)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument(

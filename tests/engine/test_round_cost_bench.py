@@ -40,6 +40,8 @@ def test_round_cost_bench_runs_every_method(tmp_path):
         *map(str, BATCHES),
         "--tokens",
         str(TOKENS),
+        "--repeats",
+        "2",
         "--enforce-eager",
         "--methods",
         *METHODS,
@@ -52,6 +54,9 @@ def test_round_cost_bench_runs_every_method(tmp_path):
     for r in rows:
         base = split_variants(r["method"])[0]
         assert r["ms_per_round"] > 0
+        # The median of the repeated runs of one batch.
+        assert len(r["ms_per_round_runs"]) == 2
+        assert r["ms_per_round"] == sum(r["ms_per_round_runs"]) / 2
         if r["method"] == "ar":
             assert r["rounds"] == TOKENS - 1 and r["accept_length"] == 1
         else:
