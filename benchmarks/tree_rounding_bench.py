@@ -14,9 +14,12 @@ tree's causal pass gets wrong computed four ways:
   DOMINOTREE_CUDA_TREE_ATTENTION=paths);
 - fixup: the Triton tree kernel (kernels/tree_attention.py, the default);
 - exact: the dense float32 reference.
-Reported per shape and context: the share of output elements that differ from decode's,
-bit for bit, and the mean / max absolute error against exact. Writes tree_rounding.json /
-.md.
+Reported per shape, context and batch: the share of output elements that differ from
+decode's, bit for bit, the mean / max absolute error against exact, and the GPU time of
+the step's passes per layer (CUDA events, median of repeated launches): the stock FA3 pass
+over the real requests (what vLLM's forward runs), the fix-up, and the paths pass (its
+tables published beforehand, as the runner does before the forward). Writes
+tree_rounding.json / .md.
 """
 
 from __future__ import annotations
@@ -31,13 +34,29 @@ from results_io import command_line, write_results  # benchmarks/ is this script
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from tree_attention_check import paths_output, random_case  # the kernel tests' cases
+from tree_attention_check import path_tables, paths_output, random_case  # the tests' cases
 
 SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # heads, KV heads, head dim
 ROWS = 17  # budget 16 + the root
 
 
+def gpu_ms(launch, repeats: int = 30) -> float:
+    """Median GPU milliseconds of one launch (CUDA events around each, after a warm-up)."""
+    launch()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
 def measure(shape: str, context: int, seed: int, requests: int) -> dict:
+    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
+
     heads, kv_heads, head_dim = SHAPES[shape]
     args = random_case(
         "cuda",
@@ -53,15 +72,48 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
     query, needs_fix = args[0], args[-1]
     scale = head_dim**-0.5
     fixed = needs_fix.bool()
+    tables = path_tables(args, each_row=False)
     outputs = {
         "decode": paths_output(args, each_row=True, max_rows=ROWS),
-        "paths": paths_output(args, each_row=False, max_rows=ROWS),
+        "paths": paths_output(args, each_row=False, max_rows=ROWS, tables=tables),
         "fixup": torch.full_like(query, 7.0),
     }
-    TreeAttention(heads, head_dim, ROWS, "cuda")(*args, scale, outputs["fixup"])
+    fixup = TreeAttention(heads, head_dim, ROWS, "cuda")
+    fixup(*args, scale, outputs["fixup"])
+    query, key_cache, value_cache, block_table, query_start, seq_lens = args[:6]
+    stock_out = torch.empty_like(query)
+    longest = int(seq_lens.max())
+
+    def stock():
+        flash_attn_varlen_func(
+            q=query,
+            k=key_cache,
+            v=value_cache,
+            out=stock_out,
+            cu_seqlens_q=query_start,
+            max_seqlen_q=ROWS,
+            seqused_k=seq_lens,
+            max_seqlen_k=longest,
+            softmax_scale=scale,
+            causal=True,
+            block_table=block_table,
+            fa_version=3,
+        )
+
+    timings = {
+        "stock_ms": gpu_ms(stock),
+        "fixup_ms": gpu_ms(lambda: fixup(*args, scale, outputs["fixup"])),
+        "paths_ms": gpu_ms(lambda: paths_output(args, False, ROWS, tables)),
+    }
     exact = torch.zeros(query.shape, dtype=torch.float32, device="cuda")
     tree_attention_reference(query.float(), *args[1:], scale, exact)
-    result = {"shape": shape, "context": context, "fixed_rows": int(fixed.sum())}
+    result = {
+        "shape": shape,
+        "context": context,
+        "requests": requests,
+        "fixed_rows": int(fixed.sum()),
+        **timings,
+    }
     for name, out in outputs.items():
         error = (out[fixed].float() - exact[fixed]).abs()
         result[name] = {
@@ -76,18 +128,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
-    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--requests", type=int, nargs="+", default=[2, 16])
     args = parser.parse_args()
-    cases = [(s, c) for s in SHAPES for c in args.contexts]
-    results = [measure(s, c, seed, args.requests) for seed, (s, c) in enumerate(cases)]
+    cases = [(s, c, r) for s in SHAPES for c in args.contexts for r in args.requests]
+    results = [measure(s, c, seed, r) for seed, (s, c, r) in enumerate(cases)]
     methods = ("decode", "paths", "fixup")
     rows = [
         [
             r["shape"],
             r["context"],
+            r["requests"],
             r["fixed_rows"],
             *(f"{100 * r[m]['differs_from_decode']:.2f}%" for m in methods[1:]),
             *(f"{r[m]['mean_abs_error']:.2e}" for m in methods),
+            *(f"{r[k]:.3f}" for k in ("stock_ms", "fixup_ms", "paths_ms")),
         ]
         for r in results
     ]
@@ -100,22 +154,26 @@ def main() -> None:
             [
                 "shape",
                 "max context",
+                "requests",
                 "fixed rows",
                 "paths != decode",
                 "fixup != decode",
                 "decode mean |err|",
                 "paths mean |err|",
                 "fixup mean |err|",
+                "stock FA3 ms",
+                "fix-up ms",
+                "paths ms (incl. its query gather and copy)",
             ],
             rows,
             [
                 f"# bf16 rounding of tree rows ({device})",
                 "",
-                f"`{command_line()}`: {args.requests} requests per case with random trees "
-                f"of up to {ROWS} rows after random contexts; over the rows a causal pass "
-                "gets wrong, the share of output elements that differ from FA3's one-token "
-                "decoding of the row's own path, and the mean absolute error against the "
-                "float32 reference.",
+                f"`{command_line()}`: per case that many requests (the first a plain decode "
+                f"row), random trees of up to {ROWS} rows after random contexts; over the "
+                "rows a causal pass gets wrong, the share of output elements that differ "
+                "from FA3's one-token decoding of the row's own path, the mean absolute "
+                "error against the float32 reference, and GPU ms per layer's pass.",
             ],
         )
     )

@@ -3,9 +3,10 @@
 # shipped files are in place (scripts/device_unpack.sh) and vLLM is staged:
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
-#   suite             the whole of tests/gpu in two `parallel` phases (about 8 minutes):
-#                     kernel, builder and engine tests beside the bf16 test's baselines,
-#                     then its six variants (one engine each) -> $OUT/suite_phase1.log,
+#   suite             the whole of tests/gpu in two `parallel` phases (more than one call's
+#                     9 minutes today: test_engine_gpu.py alone starts 11 engines):
+#                     kernel, builder, engine and SmolLM2 float32 tests beside the bf16
+#                     test's baselines, then its eight variants (one engine each) -> $OUT/suite_phase1.log,
 #                     $OUT/suite_phase2.log
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
 #                     if shipped), durations listed -> $OUT/gpu_tests.log. The bf16 test's
@@ -83,7 +84,7 @@ case $job in
     files=("$@")
     [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_tree_attention_kernel.py
       tests/gpu/test_tree_paths_fa3.py tests/gpu/test_device_builder.py tests/gpu/test_engine_gpu.py
-      tests/gpu/test_bf16_divergence.py)
+      tests/gpu/test_smollm2_gpu.py tests/gpu/test_bf16_divergence.py)
     log=$OUT/gpu_tests.log
     own=()
     if [ -n "${GPU_JOBS_PARENT:-}" ]; then  # the parent keeps this job's output
@@ -111,11 +112,12 @@ case $job in
     rc=0
     bash "$0" parallel "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
 tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/gpu/test_engine_gpu.py" \
-      "tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]" || rc=1
+      "tests tests/gpu/test_smollm2_gpu.py" "tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]" ||
+      rc=1
     mv "$OUT/jobs.log" "$OUT/suite_phase1.log"
     variants=()
     for pair in toy smollm2; do
-      for variant in chain-fixup conditional-fixup conditional-paths; do
+      for variant in chain-fixup conditional-fixup conditional-sync-fixup conditional-paths; do
         variants+=("tests $b -k $pair-$variant")
       done
     done

@@ -96,18 +96,16 @@ def max_error(
     return error, untouched, int(fixed.sum())
 
 
-def paths_output(args, each_row: bool, max_rows: int = 17) -> torch.Tensor:
-    """A random_case batch's fixed rows through FA3 over path requests (CUDA;
-    engine/tree_paths.py), the other rows left at 7.0. each_row: one request per fixed
-    row (FA3's one-token decoding of that row's path)."""
-    from vllm_dominotree.engine.cuda_attention import attend_paths
+def path_tables(args, each_row: bool):
+    """A random_case batch's path requests (engine/tree_paths.py) published into device
+    tables. each_row: one request per fixed row (FA3's one-token decoding of its path)."""
     from vllm_dominotree.engine.tree_paths import (
         PathTables,
         batch_path_specs,
         batch_slot_mapping,
     )
 
-    query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors, needs_fix = args
+    query, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = args
     page = key_cache.shape[1]
     tables = PathTables(query.shape[0], query.shape[0], block_table.shape[1] * page, query.device)
     tables.publish(
@@ -116,6 +114,17 @@ def paths_output(args, each_row: bool, max_rows: int = 17) -> torch.Tensor:
         page,
         batch_slot_mapping(block_table, query_start, seq_lens, page),
     )
+    return tables
+
+
+def paths_output(args, each_row: bool, max_rows: int = 17, tables=None) -> torch.Tensor:
+    """A random_case batch's fixed rows through FA3 over path requests (CUDA;
+    engine/tree_paths.py), the other rows left at 7.0 (tables: path_tables', made here
+    unless given)."""
+    from vllm_dominotree.engine.cuda_attention import attend_paths
+
+    query, key_cache, value_cache = args[:3]
+    tables = tables or path_tables(args, each_row)
     out = torch.full_like(query, 7.0)
     attend_paths(query, key_cache, value_cache, tables, query.shape[-1] ** -0.5, max_rows, out)
     return out

@@ -7,3 +7,22 @@
 # only the startup check's floor, small enough for six engines at once.
 def engine_memory(kv_gib: float) -> dict:
     return {"gpu_memory_utilization": 0.08, "kv_cache_memory_bytes": int(kv_gib * 2**30)}
+
+
+def smollm2_prompts(count: int) -> tuple[str, list[list[int]]]:
+    """(the converted SmolLM2 target folder, `count` chat prompts as token ids spread over
+    the HumanEval, MT-Bench and MATH-500 first turns); skips without DOMINOTREE_SMOLLM2
+    (scripts/gpu_jobs.sh converts the GGUF and sets it)."""
+    import os
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    from vllm_dominotree.evaluation.datasets import chat_token_ids, load_dataset
+
+    target = os.environ.get("DOMINOTREE_SMOLLM2")
+    if not target:
+        pytest.skip("set DOMINOTREE_SMOLLM2 to a converted SmolLM2 folder")
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    turns = [c[0] for name in ("humaneval", "mtbench", "math500") for c in load_dataset(name)]
+    return target, [chat_token_ids(tokenizer, t) for t in turns[:: len(turns) // count]][:count]

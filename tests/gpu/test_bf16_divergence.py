@@ -28,7 +28,7 @@ from vllm_dominotree.drafter import read_spec
 from vllm_dominotree.drafter.checkpoint import load_tensors, write_checkpoint
 from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
-from .sharing import engine_memory
+from .sharing import engine_memory, smollm2_prompts
 
 NUM_PROMPTS = 100
 MAX_TOKENS = 128
@@ -67,23 +67,14 @@ def toy_pair(root: Path) -> dict:
 
 
 def smollm2_pair(root: Path) -> dict:
-    from transformers import AutoTokenizer
-
-    from vllm_dominotree.evaluation.datasets import chat_token_ids, load_dataset
-
-    target = os.environ.get("DOMINOTREE_SMOLLM2")
-    if not target:
-        pytest.skip("set DOMINOTREE_SMOLLM2 to a converted SmolLM2 folder")
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    turns = [c[0] for name in ("humaneval", "mtbench", "math500") for c in load_dataset(name)]
-    prompts = [chat_token_ids(tokenizer, t) for t in turns[:: len(turns) // NUM_PROMPTS]]
+    target, prompts = smollm2_prompts(NUM_PROMPTS)
     return {
         "name": "smollm2",
         "target": target,
         "domino": str(DRAFTER_DIR),
         "dflash": str(dflash_backbone_of(DRAFTER_DIR, root / "dflash")),
         "num_drafts": read_spec(DRAFTER_DIR).block_size - 1,
-        "prompts": prompts[:NUM_PROMPTS],
+        "prompts": prompts,
     }
 
 
@@ -93,7 +84,7 @@ def pair(request, tmp_path_factory):
     return (toy_pair if request.param == "toy" else smollm2_pair)(root)
 
 
-def generate(pair: dict, speculative_config, env: dict | None = None) -> list[list[int]]:
+def generate(pair: dict, speculative_config, env: dict | None = None, **engine) -> list[list[int]]:
     from vllm import LLM, SamplingParams
 
     # The engine process is spawned with this environment.
@@ -108,6 +99,7 @@ def generate(pair: dict, speculative_config, env: dict | None = None) -> list[li
             **engine_memory(kv_gib=4),
             kernel_config={"enable_jit_warmup": False},
             speculative_config=speculative_config,
+            **engine,
         )
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in pair["prompts"]]
@@ -169,12 +161,22 @@ def test_baselines(baselines):
 
 # chain: every tree is a chain, so no row needs a second pass; conditional: most trees
 # branch, their fixed rows recomputed by the Triton fix-up kernel (default) or by FA3 over
-# path requests (DOMINOTREE_CUDA_TREE_ATTENTION=paths, engine/tree_paths.py).
+# path requests (DOMINOTREE_CUDA_TREE_ATTENTION=paths, engine/tree_paths.py), with vLLM's
+# asynchronous scheduling (its default here) or without (the paths mode's own).
 @pytest.mark.parametrize(
-    "scorer, tree_attention",
-    [("chain", "fixup"), ("conditional", "fixup"), ("conditional", "paths")],
+    "scorer, tree_attention, engine",
+    [
+        pytest.param("chain", "fixup", {}, id="chain-fixup"),
+        pytest.param("conditional", "fixup", {}, id="conditional-fixup"),
+        pytest.param(
+            "conditional", "fixup", {"async_scheduling": False}, id="conditional-sync-fixup"
+        ),
+        pytest.param("conditional", "paths", {}, id="conditional-paths"),
+    ],
 )
-def test_first_divergence_no_worse_than_vllm_dflash(pair, baselines, scorer, tree_attention):
+def test_first_divergence_no_worse_than_vllm_dflash(
+    pair, baselines, scorer, tree_attention, engine
+):
     config = {
         "method": "dominotree",
         "model": pair["domino"],
@@ -182,7 +184,7 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, baselines, scorer, tre
         "scorer": scorer,
     }
     env = {"DOMINOTREE_CUDA_TREE_ATTENTION": tree_attention}
-    name = f"dominotree {scorer} ({tree_attention})"
-    points = diverged(generate(pair, config, env), baselines["want"], name)
+    name = f"dominotree {scorer} ({tree_attention}, {engine or 'defaults'})"
+    points = diverged(generate(pair, config, env, **engine), baselines["want"], name)
     # No worse: at most DFlash's count, plus one prompt of slack for a single flip.
     assert len(points) <= len(baselines["dflash"]) + 1

@@ -1,0 +1,52 @@
+"""benchmarks/divergence_probe.py end to end on this CPU with the real pair in float32:
+every config's greedy output is the target's own (so the probe reports no divergence),
+and each config ran with its engine arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_dominotree.training.smollm2 import DRAFTER_DIR
+
+ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from divergence_probe import split_config  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_split_config():
+    assert split_config("conditional-sync-b4") == (
+        "conditional",
+        {"async_scheduling": False, "max_num_seqs": 4},
+        {},
+    )
+    assert split_config("chain-paths") == (
+        "chain",
+        {},
+        {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},
+    )
+
+
+def test_probe_finds_no_divergence_in_float32(smollm2_dir, tmp_path):
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "divergence_probe.py"),
+        *("--target", str(smollm2_dir), "--drafter", str(DRAFTER_DIR), "--out", str(tmp_path)),
+        *("--dtype", "float32", "--prompts", "4", "--max-tokens", "24", "--budget", "8"),
+        *("--enforce-eager", "--configs", "conditional", "chain-b4"),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = json.loads((tmp_path / "divergence_probe.json").read_text())["rows"]
+    assert [r["config"] for r in rows] == ["conditional", "chain-b4"]
+    for row in rows:
+        assert row["diverged"] == {}, row
+        assert row["stats"]["trees"] > 0
+    assert rows[0]["stats"]["mean_leaves"] > 1  # the conditional trees branch
+    assert rows[1]["stats"]["mean_leaves"] == 1  # chains
