@@ -164,3 +164,105 @@ def test_the_attention_mode_is_checked(monkeypatch):
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "fa3")
     with pytest.raises(ValueError, match="DOMINOTREE_CUDA_TREE_ATTENTION='fa3'; use one of"):
         attention_mode()
+
+
+def build_case(tables: PathTables, case) -> None:
+    """The case's path requests built on the device side (PathTables.build), from what
+    the runner has there: the description's per-row bits, positions and slots, and the
+    trees' rows as the host knows them."""
+    _, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = case
+    page = key_cache.shape[1]
+    rows = query_start[1:] - query_start[:-1]
+    trees = torch.stack([query_start[:-1], rows, torch.arange(rows.numel())]).long()
+    positions = torch.cat(
+        [torch.arange(int(s) - int(n), int(s)) for s, n in zip(seq_lens, rows, strict=True)]
+    )
+    tables.build(
+        trees,
+        17,
+        num_paths=int((rows - 1).sum()),
+        num_keys=int(seq_lens.max()) + 17,
+        ancestors=ancestors,
+        needs_fix=needs_fix,
+        positions=positions,
+        block_table=block_table,
+        block_size=page,
+        slot_mapping=batch_slot_mapping(block_table, query_start, seq_lens, page),
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tables_built_on_the_device_side_equal_the_hosts(seed):
+    case = random_case("cpu", torch.float32, seed, requests=6, max_context=90)
+    tokens = case[0].shape[0]
+    host = PathTables(max_paths=96, max_tokens=tokens, max_len=256, device="cpu")
+    device = PathTables(max_paths=96, max_tokens=tokens, max_len=256, device="cpu")
+    publish_case(host, case)
+    build_case(device, case)
+    for name in ("seq_used", "query_start", "query_rows", "row_owned", "row_to_query"):
+        assert torch.equal(getattr(device, name), getattr(host, name)), name
+    # Each request's keys (its slots up to its key count) are the host's.
+    for v, keys in enumerate(host.seq_used.tolist()):
+        assert torch.equal(device.slot_table[v, :keys], host.slot_table[v, :keys]), v
+    assert (attend_case(device, case) - reference(case)).abs().max() < 1e-5
+
+
+def test_a_built_step_after_a_larger_one_and_a_step_without_trees():
+    large = random_case("cpu", torch.float32, 3, requests=8, max_context=60)
+    small = random_case("cpu", torch.float32, 0, requests=2, max_context=60)
+    tables = PathTables(max_paths=128, max_tokens=large[0].shape[0], max_len=256, device="cpu")
+    build_case(tables, large)
+    assert (attend_case(tables, large) - reference(large)).abs().max() < 1e-5
+    build_case(tables, small)
+    assert (attend_case(tables, small) - reference(small)).abs().max() < 1e-5
+    tables.build(torch.zeros(3, 0, dtype=torch.long), 17, 0, 0, *([None] * 4), 16, None)
+    assert not tables.row_owned.any() and not tables.seq_used.any()
+    assert not tables.query_start.any()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_runners_build_from_a_step_description_equals_the_host_paths(seed):
+    """What the runner hands PathTables.build (the published step's tree rows, per-row
+    bits, device positions and slots; requests without trees in between) gives the path
+    requests that the host built from the same trees before the build existed."""
+    from acceptance_cases import random_step
+
+    from vllm_dominotree.engine.tree_paths import request_path_specs
+    from vllm_dominotree.engine.tree_step import TreeStepBuffers
+
+    buffers = TreeStepBuffers(128, torch.device("cpu"))
+    step, _, _, _, _ = random_step(seed, buffers=buffers)
+    page, num_tokens = 4, step.num_tokens
+    block_table = torch.randperm(7 * 40, generator=torch.Generator().manual_seed(seed))
+    block_table = block_table.view(7, 40).int()  # 7 requests, 160 positions each
+    positions = torch.zeros(num_tokens, dtype=torch.long)
+    requests = torch.zeros(num_tokens, dtype=torch.long)
+    specs = []
+    for t in step.trees:
+        rows = slice(t.token_row, t.token_row + t.num_rows)
+        positions[rows] = t.start + torch.arange(t.num_rows)
+        requests[rows] = t.batch_index
+        bits = buffers.token_ancestors[rows].numpy()
+        fix = buffers.token_needs_fix[rows].numpy() != 0
+        specs += request_path_specs(t.batch_index, t.start, t.token_row, bits, fix)
+    assert specs, "the step has no branching tree"
+    slots = block_table[requests, positions // page].long() * page + positions % page
+    host = PathTables(max_paths=64, max_tokens=num_tokens, max_len=160, device="cpu")
+    host.publish(specs, block_table, page, slots)
+    built = PathTables(max_paths=64, max_tokens=num_tokens, max_len=160, device="cpu")
+    built.build(
+        buffers.tree_rows(len(step.trees)),
+        17,
+        num_paths=sum(t.num_rows - 1 for t in step.trees),
+        num_keys=max(t.start for t in step.trees) + 17,
+        ancestors=buffers.token_ancestors,
+        needs_fix=buffers.token_needs_fix,
+        positions=positions,
+        block_table=block_table,
+        block_size=page,
+        slot_mapping=slots,
+    )
+    for name in ("seq_used", "query_start", "query_rows", "row_owned", "row_to_query"):
+        assert torch.equal(getattr(built, name), getattr(host, name)), name
+    for v, keys in enumerate(host.seq_used.tolist()):
+        assert torch.equal(built.slot_table[v, :keys], host.slot_table[v, :keys]), v

@@ -36,6 +36,12 @@ def test_every_tree_row_is_described_from_its_tree(seed):
         assert buffers.token_needs_fix[tok].tolist() == needs_fix.long().tolist() + [0] * (
             t.num_rows - n
         )
+    # Per tree (what the path requests' build reads): its root row, rows, batch row.
+    assert buffers.tree_rows(len(step.trees)).tolist() == [
+        [t.token_row for t in step.trees],
+        [t.num_rows for t in step.trees],
+        [t.batch_index for t in step.trees],
+    ]
     # Rows of no tree: never a node, never fixed.
     tree_rows = {r for t in step.trees for r in range(t.logits_row, t.logits_row + t.num_rows)}
     for r in set(range(step.num_logits)) - tree_rows:

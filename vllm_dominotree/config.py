@@ -30,8 +30,7 @@ CUDA_TREE_ATTENTION_MODES = ("fixup", "paths")
 def attention_mode() -> str:
     """How CUDA tree rows are recomputed (engine/cuda_attention.py): the environment's
     DOMINOTREE_CUDA_TREE_ATTENTION, "fixup" (the Triton tree kernel, default) or "paths"
-    (FA3 over path requests; its tables are built on the host from the step's trees, so
-    it needs synchronous scheduling)."""
+    (FA3 over path requests, engine/tree_paths.py)."""
     mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "fixup")
     if mode not in CUDA_TREE_ATTENTION_MODES:
         raise ValueError(

@@ -94,11 +94,10 @@ def test_pipeline_parallelism_is_refused(pair_dirs):
         make_llm(pair_dirs, dominotree(pair_dirs), pipeline_parallel_size=2)
 
 
-def test_scheduling_is_vllms_choice_except_for_cuda_path_requests(pair_dirs, monkeypatch):
-    """Asynchronous scheduling is vLLM's to choose (on for DFlash on CUDA, off on CPU);
-    DOMINOTREE_CUDA_TREE_ATTENTION=paths builds its tables on the host from the step's
-    trees, so on CUDA it forces synchronous scheduling and refuses an explicit request
-    for the asynchronous kind, naming both fixes."""
+def test_scheduling_is_vllms_choice_in_both_cuda_tree_attention_modes(pair_dirs, monkeypatch):
+    """Asynchronous scheduling is vLLM's to choose (on for DFlash on CUDA, off on CPU),
+    with the fix-up kernel and with FA3 path requests alike: the path requests' tables
+    are built on the device (tree_paths.PathTables.build), so no step waits for its trees."""
     from vllm.engine.arg_utils import EngineArgs
 
     from vllm_dominotree.patches import engine_args
@@ -108,17 +107,14 @@ def test_scheduling_is_vllms_choice_except_for_cuda_path_requests(pair_dirs, mon
             model=pair_dirs["target"], speculative_config=dominotree(pair_dirs), **options
         )
 
-    kept = args(async_scheduling=True)
-    engine_args.prepare_engine_args(kept)
-    assert kept.async_scheduling is True
-    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
     monkeypatch.setattr(engine_args.current_platform, "is_cpu", lambda: False)
     monkeypatch.setattr(engine_args.current_platform, "is_cuda", lambda: True)
-    with pytest.raises(DominoTreeConfigError, match="needs synchronous scheduling: drop"):
-        engine_args.prepare_engine_args(args(async_scheduling=True))
-    default = args()
-    engine_args.prepare_engine_args(default)
-    assert default.async_scheduling is False
+    for mode in ("fixup", "paths"):
+        monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
+        for asked in (True, False, None):
+            prepared = args(async_scheduling=asked)
+            engine_args.prepare_engine_args(prepared)
+            assert prepared.async_scheduling is asked, (mode, asked)
 
 
 def test_data_parallelism_is_refused(pair_dirs):

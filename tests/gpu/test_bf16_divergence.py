@@ -162,7 +162,7 @@ def test_baselines(baselines):
 # chain: every tree is a chain, so no row needs a second pass; conditional: most trees
 # branch, their fixed rows recomputed by the Triton fix-up kernel (default) or by FA3 over
 # path requests (DOMINOTREE_CUDA_TREE_ATTENTION=paths, engine/tree_paths.py), with vLLM's
-# asynchronous scheduling (its default here) or without (the paths mode's own).
+# asynchronous scheduling (its default here) or without.
 @pytest.mark.parametrize(
     "scorer, tree_attention, engine",
     [

@@ -41,7 +41,7 @@ from .commit import CpuPathKVMover, drafter_rows_first
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
-from .tree_paths import PathTables, request_path_specs, slot_view
+from .tree_paths import PathTables, slot_view
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 
 
@@ -250,18 +250,27 @@ class DominoTreeRunnerMixin:
         slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
 
     def _publish_paths(self, step: TreeStep | None) -> None:
-        """The step's path requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths)."""
+        """The step's path requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths),
+        built on the device from the step's description: no wait for the trees."""
         tables = self._verification.paths
         if tables is None:
             return
-        specs = []
-        for tree in step.trees if step is not None else []:
-            ancestors, needs_fix = self._tree_buffers.host_bits(tree)
-            specs += request_path_specs(
-                tree.batch_index, tree.start, tree.token_row, ancestors, needs_fix
-            )
+        trees = step.trees if step is not None else []
+        rows_per_tree = self._verification.rows_per_tree
         table = self.input_batch.block_table[self._target_group]
-        tables.publish(specs, table.block_table.gpu, table.block_size, table.slot_mapping.gpu)
+        tables.build(
+            self._tree_buffers.tree_rows(len(trees)),
+            rows_per_tree,
+            num_paths=sum(t.num_rows - 1 for t in trees),  # each owns a drafted row
+            # The host's root positions are exact or optimistic (asynchronous): a bound.
+            num_keys=min(max((t.start for t in trees), default=0) + rows_per_tree, tables.max_len),
+            ancestors=self._tree_buffers.token_ancestors,
+            needs_fix=self._tree_buffers.token_needs_fix,
+            positions=self.positions,
+            block_table=table.block_table.gpu,
+            block_size=table.block_size,
+            slot_mapping=table.slot_mapping.gpu,
+        )
 
     def capture_model(self, *args, **kwargs):
         self._verification.capturing = True

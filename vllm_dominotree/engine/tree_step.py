@@ -50,7 +50,10 @@ assert (SIBLINGS, DEPTH) == (ANCESTORS + 1, ANCESTORS + 2), "the slices below ne
 # table (0 for rows of no tree, as every column the host has not written), by forward
 # row and by logits row, and each tree logits row's root row among the logits.
 _TOKEN_SLOT, _LOGITS_SLOT, _FIRST_LOGITS_ROW = 12, 13, 14
-_FIELDS = 15
+# Per tree (column k: the step's k-th tree): its root's row in the forward, its rows,
+# its batch row (the path requests' build reads them on the device, tree_paths.py).
+_TREE_ROW, _TREE_ROWS, _TREE_REQUEST = 15, 16, 17
+_FIELDS = 18
 _CACHED_VIEWS = 256  # distinct step sizes whose views TreeStepBuffers keeps
 
 
@@ -63,9 +66,9 @@ class TreeRows:
     token_row: int  # its first row in the forward's flattened tokens
     logits_row: int  # its first row among the logits
     # The root's position (num_computed_tokens). Exact under synchronous scheduling (the
-    # CPU, DOMINOTREE_CUDA_TREE_ATTENTION=paths); under asynchronous scheduling the
-    # host's count assumes every draft was accepted, and only the device positions
-    # (vLLM's, corrected on the GPU) are right, so nothing on that path reads it.
+    # CPU); under asynchronous scheduling the host's count assumes every draft was
+    # accepted, and only the device positions (vLLM's, corrected on the GPU) are right:
+    # on CUDA it is only a bound (the path requests' keys, runner._publish_paths).
     start: int
     num_rows: int  # 1 + the drafts scheduled
     table_row: int  # the tree's row in the builder's table (its no-tree row: no tree)
@@ -165,6 +168,9 @@ class TreeStepBuffers:
         h[_FIRST_LOGITS_ROW, log] = np.broadcast_to(first_logits, valid.shape)[valid]
         h[_IN_TREE, log] = 1
         h[_OFFSET, log] = np.broadcast_to(offsets, valid.shape)[valid]
+        h[_TREE_ROW, : len(trees)] = first_tokens[:, 0]
+        h[_TREE_ROWS, : len(trees)] = num_rows
+        h[_TREE_REQUEST, : len(trees)] = [t.batch_index for t in trees]
         self.device_rows[:, :columns].copy_(self.host[:, :columns], non_blocking=True)
         self._dirty = max(num_tokens, num_logits)
         if trees:
@@ -248,12 +254,10 @@ class TreeStepBuffers:
         )
         return self._views[key]
 
-    def host_bits(self, tree: TreeRows) -> tuple[np.ndarray, np.ndarray]:
-        """(ancestors, needs_fix) of a published tree's rows, read back from the device
-        (a wait: the synchronous paths only)."""
-        rows = slice(tree.token_row, tree.token_row + tree.num_rows)
-        bits = self.device_rows[_TOKEN_ANCESTORS : _TOKEN_NEEDS_FIX + 1, rows].cpu().numpy()
-        return bits[0], bits[1] != 0
+    def tree_rows(self, num_trees: int) -> torch.Tensor:
+        """[3, num_trees] long on the device: the published trees' root rows in the
+        forward, their rows and their batch rows."""
+        return self.device_rows[_TREE_ROW : _TREE_REQUEST + 1, :num_trees]
 
     @property
     def token_ancestors(self) -> torch.Tensor:

@@ -17,7 +17,7 @@ import functools
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
-from ..config import DominoTreeConfigError, attention_mode
+from ..config import DominoTreeConfigError
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
@@ -45,20 +45,11 @@ def prepare_engine_args(args: EngineArgs) -> None:
             f"(data_parallel_size={args.data_parallel_size}): run one engine per replica "
             "(tensor parallelism within each works), or set data_parallel_size=1"
         )
-    paths = current_platform.is_cuda() and attention_mode() == "paths"
-    if args.async_scheduling and paths:
-        raise DominoTreeConfigError(
-            "DOMINOTREE_CUDA_TREE_ATTENTION=paths builds each step's path requests on the "
-            "host from its trees, so it needs synchronous scheduling: drop "
-            "async_scheduling (or unset DOMINOTREE_CUDA_TREE_ATTENTION)"
-        )
     vllm_spec, options = translate(args.speculative_config, on_cpu=current_platform.is_cpu())
     args.speculative_config = vllm_spec
     args.additional_config = {**(args.additional_config or {}), ADDITIONAL_CONFIG_KEY: options}
     # Scheduling: vLLM's own choice for DFlash (asynchronous on CUDA, where nothing in a
-    # step waits for its trees; synchronous on CPU), except for the paths mode.
-    if paths:
-        args.async_scheduling = False
+    # step waits for its trees; synchronous on CPU).
     args.worker_cls = CPU_WORKER if current_platform.is_cpu() else GPU_WORKER
     # vLLM's own CUDA graph modes stay (FULL graphs for uniform decode batches, where the
     # tree fix-up is captured; piecewise for mixed batches). The V1 runner is chosen per
