@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tree_attention_check import random_case
+from tree_attention_check import built_path_tables, random_case
 
 from vllm_dominotree.config import attention_mode
 from vllm_dominotree.engine.cuda_attention import attend_paths
@@ -166,39 +166,13 @@ def test_the_attention_mode_is_checked(monkeypatch):
         attention_mode()
 
 
-def build_case(tables: PathTables, case) -> None:
-    """The case's path requests built on the device side (PathTables.build), from what
-    the runner has there: the description's per-row bits, positions and slots, and the
-    trees' rows as the host knows them."""
-    _, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = case
-    page = key_cache.shape[1]
-    rows = query_start[1:] - query_start[:-1]
-    trees = torch.stack([query_start[:-1], rows, torch.arange(rows.numel())]).long()
-    positions = torch.cat(
-        [torch.arange(int(s) - int(n), int(s)) for s, n in zip(seq_lens, rows, strict=True)]
-    )
-    tables.build(
-        trees,
-        17,
-        num_paths=int((rows - 1).sum()),
-        num_keys=int(seq_lens.max()) + 17,
-        ancestors=ancestors,
-        needs_fix=needs_fix,
-        positions=positions,
-        block_table=block_table,
-        block_size=page,
-        slot_mapping=batch_slot_mapping(block_table, query_start, seq_lens, page),
-    )
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_tables_built_on_the_device_side_equal_the_hosts(seed):
     case = random_case("cpu", torch.float32, seed, requests=6, max_context=90)
     tokens = case[0].shape[0]
-    host = PathTables(max_paths=96, max_tokens=tokens, max_len=256, device="cpu")
-    device = PathTables(max_paths=96, max_tokens=tokens, max_len=256, device="cpu")
+    host = PathTables(128, tokens, case[3].shape[1] * case[1].shape[1], "cpu")
     publish_case(host, case)
-    build_case(device, case)
+    device = built_path_tables(case)
     for name in ("seq_used", "query_start", "query_rows", "row_owned", "row_to_query"):
         assert torch.equal(getattr(device, name), getattr(host, name)), name
     # Each request's keys (its slots up to its key count) are the host's.
@@ -210,10 +184,9 @@ def test_tables_built_on_the_device_side_equal_the_hosts(seed):
 def test_a_built_step_after_a_larger_one_and_a_step_without_trees():
     large = random_case("cpu", torch.float32, 3, requests=8, max_context=60)
     small = random_case("cpu", torch.float32, 0, requests=2, max_context=60)
-    tables = PathTables(max_paths=128, max_tokens=large[0].shape[0], max_len=256, device="cpu")
-    build_case(tables, large)
+    tables = built_path_tables(large)
     assert (attend_case(tables, large) - reference(large)).abs().max() < 1e-5
-    build_case(tables, small)
+    built_path_tables(small, tables)
     assert (attend_case(tables, small) - reference(small)).abs().max() < 1e-5
     tables.build(torch.zeros(3, 0, dtype=torch.long), 17, 0, 0, *([None] * 4), 16, None)
     assert not tables.row_owned.any() and not tables.seq_used.any()

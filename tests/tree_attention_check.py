@@ -117,6 +117,46 @@ def path_tables(args, each_row: bool):
     return tables
 
 
+def path_build_inputs(args, max_len: int, max_rows: int = 17) -> dict:
+    """PathTables.build's arguments for a random_case batch: what the runner hands it
+    (per-row bits, positions and slots, the trees' rows, host bounds)."""
+    from vllm_dominotree.engine.tree_paths import batch_slot_mapping
+
+    query, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = args
+    page = key_cache.shape[1]
+    rows = query_start[1:] - query_start[:-1]
+    trees = torch.stack([query_start[:-1], rows, torch.arange(rows.numel(), device=rows.device)])
+    positions = torch.cat(
+        [
+            torch.arange(int(s) - int(n), int(s), device=query.device)
+            for s, n in zip(seq_lens, rows, strict=True)
+        ]
+    )
+    return dict(
+        trees=trees.long(),
+        rows_per_tree=max_rows,
+        num_paths=int((rows - 1).sum()),
+        num_keys=min(int(seq_lens.max()) + max_rows, max_len),
+        ancestors=ancestors,
+        needs_fix=needs_fix,
+        positions=positions,
+        block_table=block_table,
+        block_size=page,
+        slot_mapping=batch_slot_mapping(block_table, query_start, seq_lens, page),
+    )
+
+
+def built_path_tables(args, tables=None):
+    """The batch's path requests built on the device side (PathTables.build), into
+    `tables` if given (the runner rebuilds its own every step)."""
+    from vllm_dominotree.engine.tree_paths import PathTables
+
+    query, block_table, page = args[0], args[3], args[1].shape[1]
+    tables = tables or PathTables(128, query.shape[0], block_table.shape[1] * page, query.device)
+    tables.build(**path_build_inputs(args, tables.max_len))
+    return tables
+
+
 def paths_output(args, each_row: bool, max_rows: int = 17, tables=None) -> torch.Tensor:
     """A random_case batch's fixed rows through FA3 over path requests (CUDA;
     engine/tree_paths.py), the other rows left at 7.0 (tables: path_tables', made here

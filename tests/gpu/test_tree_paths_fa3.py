@@ -13,7 +13,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from tree_attention_check import paths_output, random_case
+from tree_attention_check import (
+    built_path_tables,
+    path_build_inputs,
+    paths_output,
+    random_case,
+)
 
 from vllm_dominotree.kernels.tree_attention import tree_attention_reference
 
@@ -35,3 +40,20 @@ def test_paths_match_dense_reference_and_decoding(seed, shape):
     decode = paths_output(args, each_row=True)
     differ = (got[fixed] != decode[fixed]).float().mean().item()
     print(f"seed {seed} shape {shape}: {100 * differ:.3f}% of elements differ from decoding")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tables_built_on_the_gpu_wait_for_nothing_and_give_the_hosts_rows(seed):
+    """The runner builds each step's path requests on the device (PathTables.build) so
+    that asynchronous scheduling stays on: no wait for the GPU (CUDA's sync check), and
+    FA3 through them gives the host-built tables' rows bit for bit."""
+    args = random_case("cuda", torch.bfloat16, seed, heads=9, kv_heads=3, head_dim=64)
+    tables = built_path_tables(args)  # first build: allocations, kernel loads unchecked
+    inputs = path_build_inputs(args, tables.max_len)  # what the host knows of the step
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tables.build(**inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(paths_output(args, False, tables=tables), paths_output(args, False))
