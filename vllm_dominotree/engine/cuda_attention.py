@@ -91,18 +91,21 @@ def attend_paths(
     num_tokens = query.shape[0]
     path_query = query[tables.query_rows[:num_tokens]]  # [T, H, D]: owned rows first
     path_out = torch.empty_like(path_query)
+    # Every path request owns a forward row, and the tables keep them first: FA3's batch
+    # is this forward's rows at most (static under a graph), not the tables' capacity.
+    paths = min(num_tokens, tables.seq_used.shape[0])
     varlen(
         q=path_query,
         k=slot_view(key_cache),
         v=slot_view(value_cache),
         out=path_out,
-        cu_seqlens_q=tables.query_start,
+        cu_seqlens_q=tables.query_start[: paths + 1],
         max_seqlen_q=max_query_len,
-        seqused_k=tables.seq_used,
+        seqused_k=tables.seq_used[:paths],
         max_seqlen_k=tables.max_len,
         softmax_scale=scale,
         causal=True,
-        block_table=tables.slot_table,
+        block_table=tables.slot_table[:paths],
         fa_version=fa_version,
         num_splits=num_splits,
     )
