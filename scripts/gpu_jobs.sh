@@ -14,6 +14,11 @@
 #                     machine: run `-k baselines[toy]` and `-k baselines[smollm2]` first,
 #                     then each variant (`-k toy-chain-fixup`, ...) starts one engine
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/
+#   rounding [ARGS]   benchmarks/tree_rounding_bench.py (tree rows' bf16 rounding against
+#                     FA3's decoding, and the fix-up's / paths' GPU time) -> $OUT/rounding/
+#   probe NAME [ARGS] benchmarks/divergence_probe.py on the SmolLM2 pair (first divergence
+#                     from the target alone, e.g. `probe triton --attention-backend
+#                     TRITON_ATTN --configs conditional conditional-sync`) -> $OUT/probe_NAME/
 #   round-cost-before [ARGS]  the same on the earlier code in .before/ (scripts/
 #                     before_tree.sh REV, carried) -> $OUT/round_cost_before/
 #   before CMD [ARGS] any command (a benchmark) with the earlier code of .before/ in place
@@ -157,6 +162,18 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     python3 benchmarks/round_cost_bench.py --out "$OUT/round_cost" --models /tmp/rc_models "$@" \
       2>&1 | grep -v " WARNING " | tee "$OUT/round_cost.log"
     ;;
+  rounding)
+    python3 benchmarks/tree_rounding_bench.py --out "$OUT/rounding" "$@" 2>&1 | grep -v " WARNING " |
+      tee "$OUT/rounding.log"
+    ;;
+  probe)
+    name=$1
+    shift
+    smollm2_target
+    python3 benchmarks/divergence_probe.py --target "$work/target" \
+      --drafter vllm_dominotree/drafters/smollm2-135m-instruct-domino --out "$OUT/probe_$name" \
+      "$@" 2>&1 | grep -v " WARNING " | tail -c 100000 > "$OUT/probe_$name.log"
+    ;;
   round-cost-before)
     PYTHONPATH=$(before_path) python3 benchmarks/round_cost_bench.py \
       --out "$OUT/round_cost_before" --models /tmp/rc_models "$@" 2>&1 | grep -v " WARNING " |
@@ -186,7 +203,8 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
     ;;
   *)
-    echo "unknown job '$job': tests, round-cost, round-cost-before, before, train MINUTES," \
+    echo "unknown job '$job': tests, round-cost, round-cost-before, rounding, probe, before," \
+      "train MINUTES," \
       "harness, data, serve PAIR, parallel 'JOB ARGS' ..., suite" >&2
     exit 2
     ;;

@@ -94,3 +94,12 @@ def test_round_cost_bench_runs_every_method(tmp_path):
     assert table.startswith("# Round cost on CPU")
     assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(rows)
     assert "DominoTree (16)" in table
+
+
+def test_method_variants_name_their_engine_arguments_and_environment():
+    assert split_variants("conditional-paths-sync") == (
+        "conditional",
+        {"async_scheduling": False},
+        {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},
+    )
+    assert split_variants("chain") == ("chain", {}, {})
