@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
+from variants import split_suffixes
 
 # Suffix -> (engine arguments, environment).
 CONFIG_SUFFIXES = {
@@ -31,20 +32,6 @@ CONFIG_SUFFIXES = {
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
     "-b4": ({"max_num_seqs": 4}, {}),
 }
-
-
-def split_config(config: str) -> tuple[str, dict, dict]:
-    """'conditional-sync-b4' -> ('conditional', engine arguments, environment)."""
-    engine, env = {}, {}
-    stripped = True
-    while stripped:
-        stripped = False
-        for suffix, (arguments, variables) in CONFIG_SUFFIXES.items():
-            if config.endswith(suffix):
-                config = config.removesuffix(suffix)
-                engine, env = engine | arguments, env | variables
-                stripped = True
-    return config, engine, env
 
 
 def chat_prompts(target: str, count: int) -> list[list[int]]:
@@ -124,7 +111,7 @@ def main() -> None:
     want, _ = generate(args, prompts, None, {}, {})
     rows, table = [], []
     for config in args.configs:
-        scorer, engine, env = split_config(config)
+        scorer, engine, env = split_suffixes(config, CONFIG_SUFFIXES)
         speculative = {
             "method": "dominotree",
             "model": args.drafter,

@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 from harness import spec_counters  # benchmarks/ is this script's folder
 from results_io import command_line, write_results
+from variants import split_suffixes
 
 SHAPES = {
     "qwen3-4b": dict(
@@ -97,16 +98,7 @@ VARIANTS = {
 
 def split_variants(method: str) -> tuple[str, dict, dict]:
     """'conditional-sync-vllm-draft' -> ('conditional', engine arguments, environment)."""
-    engine, env = {}, {}
-    stripped = True
-    while stripped:
-        stripped = False
-        for suffix, (arguments, variables) in VARIANTS.items():
-            if method.endswith(suffix):
-                method = method.removesuffix(suffix)
-                engine, env = engine | arguments, env | variables
-                stripped = True
-    return method, engine, env
+    return split_suffixes(method, VARIANTS)
 
 
 # Overall accept lengths of the paper's table (Qwen3-4B, T = 0): the method whose round

@@ -15,18 +15,19 @@ from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from divergence_probe import split_config  # noqa: E402
+from divergence_probe import CONFIG_SUFFIXES  # noqa: E402
+from variants import split_suffixes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def test_split_config():
-    assert split_config("conditional-sync-b4") == (
+def test_configs_name_their_engine_arguments_and_environment():
+    assert split_suffixes("conditional-sync-b4", CONFIG_SUFFIXES) == (
         "conditional",
         {"async_scheduling": False, "max_num_seqs": 4},
         {},
     )
-    assert split_config("chain-paths") == (
+    assert split_suffixes("chain-paths", CONFIG_SUFFIXES) == (
         "chain",
         {},
         {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},

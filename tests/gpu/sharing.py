@@ -1,4 +1,5 @@
-"""What every GPU test engine is given, so that test processes can share the GPU."""
+"""What every GPU test engine is given, so that test processes can share the GPU, and the
+one way the tests run an engine."""
 
 
 # Each engine takes a fixed KV cache instead of a share found by vLLM's memory profiler:
@@ -26,3 +27,41 @@ def smollm2_prompts(count: int) -> tuple[str, list[list[int]]]:
     tokenizer = AutoTokenizer.from_pretrained(target)
     turns = [c[0] for name in ("humaneval", "mtbench", "math500") for c in load_dataset(name)]
     return target, [chat_token_ids(tokenizer, t) for t in turns[:: len(turns) // count]][:count]
+
+
+def run_engine(
+    model: str,
+    prompts: list[list[int]],
+    params,
+    speculative_config: dict | None = None,
+    env: dict | None = None,
+    **engine,
+) -> tuple[list[list[int]], dict | None]:
+    """One engine over the prompts: their output tokens, and the plugin's stats when the
+    engine speculates with it. env: variables for the engine's processes (spawned with
+    it); engine: LLM's arguments (engine_memory's among them)."""
+    import gc
+
+    import pytest
+    from vllm import LLM
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in (env or {}).items():
+            patch.setenv(key, value)
+        # No JIT kernel warm-up (about 30 s per engine start on the H200): kernels compile
+        # on first use all the same.
+        llm = LLM(
+            model=model,
+            seed=0,
+            kernel_config={"enable_jit_warmup": False},
+            speculative_config=speculative_config,
+            **engine,
+        )
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    plugin = (speculative_config or {}).get("method") == "dominotree"
+    stats = llm.collective_rpc("dominotree_stats")[0] if plugin else None
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return tokens, stats

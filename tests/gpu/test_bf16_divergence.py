@@ -15,7 +15,6 @@ number of rows per request and step (the same matmul shapes and kernel choices).
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from pathlib import Path
@@ -28,7 +27,7 @@ from vllm_dominotree.drafter import read_spec
 from vllm_dominotree.drafter.checkpoint import load_tensors, write_checkpoint
 from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
-from .sharing import engine_memory, smollm2_prompts
+from .sharing import engine_memory, run_engine, smollm2_prompts
 
 NUM_PROMPTS = 100
 MAX_TOKENS = 128
@@ -85,29 +84,20 @@ def pair(request, tmp_path_factory):
 
 
 def generate(pair: dict, speculative_config, env: dict | None = None, **engine) -> list[list[int]]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    # The engine process is spawned with this environment.
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in (env or {}).items():
-            patch.setenv(key, value)
-        llm = LLM(
-            model=pair["target"],
-            dtype="bfloat16",
-            max_model_len=2048,
-            seed=0,
-            **engine_memory(kv_gib=4),
-            kernel_config={"enable_jit_warmup": False},
-            speculative_config=speculative_config,
-            **engine,
-        )
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    prompts = [{"prompt_token_ids": p} for p in pair["prompts"]]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    return run_engine(
+        pair["target"],
+        pair["prompts"],
+        params,
+        speculative_config,
+        env,
+        dtype="bfloat16",
+        max_model_len=2048,
+        **engine_memory(kv_gib=4),
+        **engine,
+    )[0]
 
 
 def diverged(outputs: list[list[int]], want: list[list[int]], name: str) -> list[int]:

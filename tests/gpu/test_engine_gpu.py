@@ -5,13 +5,11 @@ prefill/decode batches, and eagerly."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 
-from .sharing import engine_memory
+from .sharing import engine_memory, run_engine
 
 PROMPTS = [
     [5],
@@ -34,29 +32,20 @@ def dirs(tmp_path_factory):
 
 
 def generate(dirs, speculative_config, prompts=PROMPTS, params=None, **kwargs):
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    # No JIT kernel warm-up (about 30 s per engine start on the H200): the suite must fit
-    # one 9-minute command, and kernels compile on first use all the same.
-    llm = LLM(
-        model=str(dirs[0]),
+    params = params or SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    return run_engine(
+        str(dirs[0]),
+        prompts,
+        params,
+        speculative_config,
         dtype="float32",
         max_model_len=512,
-        seed=0,
         **engine_memory(kv_gib=1),
         max_num_seqs=16,
-        kernel_config={"enable_jit_warmup": False},
-        speculative_config=speculative_config,
         **kwargs,
     )
-    params = params or SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    stats = llm.collective_rpc("dominotree_stats")[0] if speculative_config else None
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    return tokens, stats
 
 
 @pytest.fixture(scope="module")

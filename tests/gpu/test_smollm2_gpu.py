@@ -12,13 +12,11 @@ difference is one. Needs DOMINOTREE_SMOLLM2 (scripts/gpu_jobs.sh converts the GG
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
-from .sharing import engine_memory, smollm2_prompts
+from .sharing import engine_memory, run_engine, smollm2_prompts
 
 NUM_PROMPTS = 32
 MAX_TOKENS = 96
@@ -30,27 +28,20 @@ def pair():
 
 
 def generate(pair, speculative_config, **engine):
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     target, prompts = pair
-    llm = LLM(
-        model=target,
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return run_engine(
+        target,
+        prompts,
+        params,
+        speculative_config,
         dtype="float32",
         max_model_len=2048,
-        seed=0,
         **engine_memory(kv_gib=2),
-        kernel_config={"enable_jit_warmup": False},
-        speculative_config=speculative_config,
         **engine,
     )
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    stats = llm.collective_rpc("dominotree_stats")[0] if speculative_config else None
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    return tokens, stats
 
 
 @pytest.fixture(scope="module")
