@@ -186,6 +186,7 @@ def test_a_built_step_after_a_larger_one_and_a_step_without_trees():
     small = random_case("cpu", torch.float32, 0, requests=2, max_context=60)
     tables = built_path_tables(large)
     assert (attend_case(tables, large) - reference(large)).abs().max() < 1e-5
+    tables._path_tree.fill_(99)  # whatever an earlier step left: no tree of this one
     built_path_tables(small, tables)
     assert (attend_case(tables, small) - reference(small)).abs().max() < 1e-5
     tables.build(torch.zeros(3, 0, dtype=torch.long), 17, 0, 0, *([None] * 4), 16, None)

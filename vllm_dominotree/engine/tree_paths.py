@@ -168,7 +168,8 @@ class PathTables:
         """The step's path requests from its description on the device, as `publish`
         lays them out (requests in tree order, each tree's in leaf order; queries by row):
         a fixed row belongs to the first leaf below it. The host gives only what it knows
-        (the trees' rows, bounds); nothing waits for the GPU. [K, W, W] temporaries."""
+        (the trees' rows, bounds); nothing waits for the GPU (no data-dependent sizes:
+        expand, not repeat_interleave). [K, W, W] temporaries."""
         self.clear()
         num_trees, w = trees.shape[1], rows_per_tree
         if not num_trees or not num_paths:
@@ -213,7 +214,8 @@ class PathTables:
         self._owned[to_row] = True
         self._to_query[to_row] = query
         # Slot tables: every path request's prefix, then its nodes at root + depth.
-        tree_index = torch.arange(num_trees, device=device).repeat_interleave(w)
+        tree_index = torch.arange(num_trees, device=device)[:, None].expand(-1, w).flatten()
+        self._path_tree.zero_()  # entries past the live requests index this step's trees too
         self._path_tree[to_path] = tree_index
         k = self._path_tree[:num_paths]
         key = torch.arange(num_keys, device=device)
@@ -223,7 +225,7 @@ class PathTables:
         prefix = torch.where(key <= root[k][:, None], pages * block_size + key % block_size, 0)
         self.slot_table[:num_paths, :num_keys] = prefix.int()
         node = on_path & (owned > 0)[:, :, None]  # [K, L, j]: nodes of live paths
-        at_path = torch.where(node.flatten(), path.repeat_interleave(w), self.max_paths)
+        at_path = torch.where(node.flatten(), path[:, None].expand(-1, w).flatten(), self.max_paths)
         at_key = torch.where(node, root[:, None, None] + on_path.cumsum(-1), 0).flatten()
         self._slots[at_path, at_key] = slot_mapping[node_rows].int()
 
