@@ -15,7 +15,7 @@ from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from divergence_probe import CONFIG_SUFFIXES  # noqa: E402
+from divergence_probe import CONFIG_SUFFIXES, first_divergences  # noqa: E402
 from variants import split_suffixes  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -32,6 +32,12 @@ def test_configs_name_their_engine_arguments_and_environment():
         {},
         {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},
     )
+
+
+def test_first_divergences_finds_where_outputs_leave_the_target():
+    want = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert first_divergences([[1, 2, 3], [4, 0, 6], [0, 8, 0]], want) == {1: 1, 2: 0}
+    assert first_divergences(want, want) == {}
 
 
 def test_probe_finds_no_divergence_in_float32(smollm2_dir, tmp_path):
