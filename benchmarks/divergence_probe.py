@@ -30,6 +30,7 @@ from variants import split_suffixes
 CONFIG_SUFFIXES = {
     "-sync": ({"async_scheduling": False}, {}),
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
+    "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
     "-b4": ({"max_num_seqs": 4}, {}),
 }
 

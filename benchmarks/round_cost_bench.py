@@ -93,6 +93,7 @@ VARIANTS = {
     "-vllm-draft": ({}, {"DOMINOTREE_DRAFT_GRAPHS": "0"}),
     "-prepare-apart": ({}, {"DOMINOTREE_PREPARE_IN_BUILD": "0"}),
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
+    "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
 }
 
 

@@ -131,7 +131,6 @@ def _tree_rows_attention(
     ROWS: tl.constexpr,
     KEY_TILE: tl.constexpr,
     DIRECT: tl.constexpr,
-    PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -180,7 +179,12 @@ def _tree_rows_attention(
         shift = tl.maximum(tree_index - 1, 0).to(tl.int64)
         bit = (ancestors[:, None] >> shift[None, :]) & 1
         visible = key_ok[None, :] & ((tree_index <= 0)[None, :] | (bit != 0))
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        # Products at Triton's default precision, as vLLM's own Triton attention (float32
+        # models' backend) computes them: TF32 for float32 inputs on CUDA, so the rows it
+        # leaves and the rows fixed here round their inputs alike. (Until 2026-12-02 this
+        # kernel multiplied in IEEE float32; with it a float32 SmolLM2-135M's greedy
+        # output left the target's own on the H200.)
+        scores = tl.dot(q, tl.trans(k)) * scale
         scores = tl.where(visible, scores, float("-inf"))
         new_best = tl.maximum(best, tl.max(scores, axis=1))
         # Rows that have seen no visible key yet keep -inf; avoid inf - inf.
@@ -188,7 +192,7 @@ def _tree_rows_attention(
         weights = tl.exp(scores - shift[:, None])
         correction = tl.exp(best - shift)
         total = total * correction + tl.sum(weights, axis=1)
-        acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v)
         best = new_best
     write = m_ok & fix
     if DIRECT:  # the only split: normalize and write the rows' output
@@ -332,8 +336,6 @@ class TreeAttention:
             ROWS=self.rows_per_tree,
             KEY_TILE=KEY_TILE,
             DIRECT=direct,
-            # float32 models compare bit for bit with the stock kernels: no TF32.
-            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             # A [rows x group, head dim] float32 accumulator: 8 warps keep a 128 x 128
             # one in registers (4 spill it).
             num_warps=8 if self.rows_per_tree * group_pad * head_dim >= 128 * 128 else 4,

@@ -24,14 +24,18 @@ class DominoTreeConfigError(ValueError):
     pass
 
 
-CUDA_TREE_ATTENTION_MODES = ("fixup", "paths")
+CUDA_TREE_ATTENTION_MODES = ("auto", "fixup", "paths")
 
 
 def attention_mode() -> str:
-    """How CUDA tree rows are recomputed (engine/cuda_attention.py): the environment's
-    DOMINOTREE_CUDA_TREE_ATTENTION, "fixup" (the Triton tree kernel, default) or "paths"
-    (FA3 over path requests, engine/tree_paths.py)."""
-    mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "fixup")
+    """How CUDA tree rows are recomputed (engine/cuda_attention.py), from the environment's
+    DOMINOTREE_CUDA_TREE_ATTENTION: "paths" (FA3 over path requests, engine/tree_paths.py:
+    tree rows round exactly as decoding's), "fixup" (the Triton tree kernel: any backend,
+    its own rounding), or "auto" (default): paths where the target runs FA3, else fixup.
+    Why paths first: in bfloat16 the fix-up's rounding left SmolLM2-135M's greedy output
+    on 64 of 100 prompts where vLLM's DFlash left it on 2-3 and the paths on 2-3 (H200,
+    benchmarks/results/h200_2026-12-02_bf16, h200_2026-12-02_paths)."""
+    mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "auto")
     if mode not in CUDA_TREE_ATTENTION_MODES:
         raise ValueError(
             f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode!r}; "

@@ -83,7 +83,8 @@ def pair(request, tmp_path_factory):
     return (toy_pair if request.param == "toy" else smollm2_pair)(root)
 
 
-def generate(pair: dict, speculative_config, env: dict | None = None, **engine) -> list[list[int]]:
+def generate(pair: dict, speculative_config, env: dict | None = None, **engine):
+    """(tokens per prompt, the plugin's stats or None)."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -97,7 +98,7 @@ def generate(pair: dict, speculative_config, env: dict | None = None, **engine) 
         max_model_len=2048,
         **engine_memory(kv_gib=4),
         **engine,
-    )[0]
+    )
 
 
 def diverged(outputs: list[list[int]], want: list[list[int]], name: str) -> list[int]:
@@ -133,10 +134,10 @@ def baselines(pair) -> dict:
         "model": pair["dflash"],
         "num_speculative_tokens": pair["num_drafts"],
     }
-    want = generate(pair, None)
-    v1 = generate(pair, dflash, env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    want = generate(pair, None)[0]
+    v1 = generate(pair, dflash, env={"VLLM_USE_V2_MODEL_RUNNER": "0"})[0]
     diverged(v1, want, "vLLM dflash, V1 runner")
-    found = {"want": want, "dflash": diverged(generate(pair, dflash), want, "vLLM dflash")}
+    found = {"want": want, "dflash": diverged(generate(pair, dflash)[0], want, "vLLM dflash")}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"prompts": pair["prompts"], "baselines": found}))
@@ -150,9 +151,10 @@ def test_baselines(baselines):
 
 
 # chain: every tree is a chain, so no row needs a second pass; conditional: most trees
-# branch, their fixed rows recomputed by the Triton fix-up kernel (default) or by FA3 over
-# path requests (DOMINOTREE_CUDA_TREE_ATTENTION=paths, engine/tree_paths.py), with vLLM's
-# asynchronous scheduling (its default here) or without.
+# branch, their fixed rows recomputed by FA3 over path requests (the default, "auto", on
+# FA3: engine/tree_paths.py) or by the Triton fix-up kernel
+# (DOMINOTREE_CUDA_TREE_ATTENTION=fixup), with vLLM's asynchronous scheduling (its default
+# here) or without.
 @pytest.mark.parametrize(
     "scorer, tree_attention, engine",
     [
@@ -161,7 +163,7 @@ def test_baselines(baselines):
         pytest.param(
             "conditional", "fixup", {"async_scheduling": False}, id="conditional-sync-fixup"
         ),
-        pytest.param("conditional", "paths", {}, id="conditional-paths"),
+        pytest.param("conditional", "auto", {}, id="conditional-paths"),
     ],
 )
 def test_first_divergence_no_worse_than_vllm_dflash(
@@ -174,7 +176,10 @@ def test_first_divergence_no_worse_than_vllm_dflash(
         "scorer": scorer,
     }
     env = {"DOMINOTREE_CUDA_TREE_ATTENTION": tree_attention}
-    name = f"dominotree {scorer} ({tree_attention}, {engine or 'defaults'})"
-    points = diverged(generate(pair, config, env, **engine), baselines["want"], name)
+    tokens, stats = generate(pair, config, env, **engine)
+    # "auto" chose the FA3 path requests: bf16 on the H200 runs FA3.
+    assert stats["tree_attention"] == ("paths" if tree_attention == "auto" else "fixup")
+    name = f"dominotree {scorer} ({stats['tree_attention']}, {engine or 'defaults'})"
+    points = diverged(tokens, baselines["want"], name)
     # No worse: at most DFlash's count, plus one prompt of slack for a single flip.
     assert len(points) <= len(baselines["dflash"]) + 1

@@ -4,11 +4,12 @@ pass for the tree rows.
 The stock kernel runs every row causally, which is exactly right for the rows whose
 ancestors are all the rows before them (roots, chains); then, for the target's layers,
 the other tree rows are recomputed with ancestor-only attention from the same paged
-cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, tree_paths.attention_mode):
-- fixup (default): the Triton tree kernel (kernels/tree_attention.py), both backends;
-- paths: FA3 itself, once more over the step's root-to-leaf path requests
-  (engine/tree_paths.py), so that tree rows round as a chain's rows do (FlashAttention
-  backend only; under evaluation against the bf16 divergence test).
+cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
+- paths (the default where the target runs FA3): FA3 itself, once more over the step's
+  root-to-leaf path requests (engine/tree_paths.py), so that tree rows round exactly as
+  decoding's rows do (in bf16 the fix-up's own rounding flips a small model's near-ties);
+- fixup (the default elsewhere: float32 models, vLLM's Triton backend): the Triton tree
+  kernel (kernels/tree_attention.py), which reads each request's prefix once.
 Both read only device buffers (the attention metadata and the published step,
 engine/tree_step.py), so a forward captured in a FULL CUDA graph replays them for every
 step (the runner marks graph capture, whose warm-ups compile and whose captures record

@@ -37,6 +37,7 @@ from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
 from .accept_graphs import AcceptGraphs
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
+from .backend_support import runs_fa3
 from .commit import CpuPathKVMover, drafter_rows_first
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
@@ -80,6 +81,9 @@ class DominoTreeStats:
     # captured graph (CUDA, TP=1), or vLLM's own pass (piecewise graphs; CPU: eager).
     graph_drafts: int = 0
     eager_drafts: int = 0
+    # How the target's attention computed the tree rows (config.attention_mode):
+    # "paths" (FA3 over path requests), "fixup" (the Triton tree kernel) or "cpu".
+    tree_attention: str = ""
 
     @property
     def mean_accept_length(self) -> float:
@@ -195,7 +199,11 @@ class DominoTreeRunnerMixin:
         self._verification = TreeVerification(
             self._tree_buffers, self._target_layers, self.drafter.budget + 1
         )
-        if self.device.type == "cuda" and attention_mode() == "paths":
+        mode = attention_mode()
+        target = forward_context[min(self._target_layers)]
+        if self.device.type == "cuda" and (
+            mode == "paths" or (mode == "auto" and runs_fa3(target))
+        ):
             # Allocated here, before vLLM measures the memory left for the KV cache.
             self._verification.paths = PathTables(
                 max_paths=min(self.max_num_reqs * self.drafter.budget, self.max_num_tokens),
@@ -204,6 +212,13 @@ class DominoTreeRunnerMixin:
                 device=self.device,
             )
         install(self._verification)
+        self._stats.tree_attention = (
+            "cpu"
+            if self.device.type != "cuda"
+            else "paths"
+            if self._verification.paths is not None
+            else "fixup"
+        )
         # Tensor parallelism: the ranks' trees agree.
         self._rank_check = make_rank_check(self.device)
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures
@@ -237,11 +252,7 @@ class DominoTreeRunnerMixin:
     def _check_paths_backend(self, layer) -> None:
         """DOMINOTREE_CUDA_TREE_ATTENTION=paths needs FA3 and a cache that a one-slot page
         view can address: checked before any graph is captured."""
-        from .cuda_attention import TreeFlashAttentionImpl
-
-        if not isinstance(layer.impl, TreeFlashAttentionImpl) or (
-            layer.impl.vllm_flash_attn_version != 3
-        ):
+        if not runs_fa3(layer):
             raise ValueError(
                 "dominotree: DOMINOTREE_CUDA_TREE_ATTENTION=paths needs vLLM's "
                 f"FlashAttention backend with FA3; this target runs {type(layer.impl).__name__}"

@@ -203,7 +203,8 @@ class PathTables:
         depth = on_path.sum(-1)  # [K, L]
         self._keys[to_path] = (root[:, None] + 1 + depth).flatten().int()
         starts = owned.flatten().cumsum(0) - owned.flatten()
-        self.query_start.fill_(owned.sum())  # past the last request: every query
+        # past the last request: every query (a copy, not fill_ with a device value)
+        self.query_start.copy_(owned.sum().expand(self.query_start.shape))
         # (query_start has a last real entry at max_paths: its spare comes after)
         self._starts[torch.where(live, path, self.max_paths + 1)] = starts.int()
         node_rows = rows[:, None, :].expand(-1, w, -1).flatten()  # [K * W * W]: row j
@@ -211,7 +212,9 @@ class PathTables:
         query = own.cumsum(0) - 1
         self._rows[torch.where(own, query, self.max_tokens)] = node_rows
         to_row = torch.where(own, node_rows, self.max_tokens)
-        self._owned[to_row] = True
+        # index_fill_, not `[to_row] = True`: a Python value assigned through an index
+        # is copied to the device first, a synchronizing copy (CUDA's sync check, H200).
+        self._owned.index_fill_(0, to_row, True)
         self._to_query[to_row] = query
         # Slot tables: every path request's prefix, then its nodes at root + depth.
         tree_index = torch.arange(num_trees, device=device)[:, None].expand(-1, w).flatten()
