@@ -4,14 +4,9 @@ and the one-launch K/V move of accepted paths."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from interpreter import run_interpreted
 
 ATTENTION = """
-import sys
-sys.path.insert(0, {tests!r})
 import torch
 from tree_attention_check import max_error
 # capacity 4096: key splits + merge; capacity 8: one split, written directly.
@@ -45,18 +40,9 @@ print("ok")
 """
 
 
-def _interpret(code: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    assert out.stdout.strip().endswith("ok")
-
-
 def test_tree_rows_match_dense_reference_and_other_rows_are_untouched():
-    _interpret(ATTENTION.format(tests=str(Path(__file__).parent)))
+    run_interpreted(ATTENTION)
 
 
 def test_accepted_paths_move_to_the_rows_after_their_roots():
-    _interpret(MOVE)
+    run_interpreted(MOVE)

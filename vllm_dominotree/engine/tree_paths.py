@@ -68,9 +68,7 @@ class PathSpec:
 
 
 class PathTables:
-    """Device tables of a step's path requests, allocated once (addresses stay). Each
-    table is the first entries of a storage one entry longer: `build`'s scatters send the
-    entries they skip to that spare one instead of selecting on the host."""
+    """Device tables of a step's path requests, allocated once (addresses stay)."""
 
     def __init__(self, max_paths: int, max_tokens: int, max_len: int, device: torch.device):
         self.max_len = max_len
@@ -78,19 +76,18 @@ class PathTables:
         self.max_tokens = max_tokens
 
         def table(*shape, dtype):
-            spare = torch.zeros(shape[0] + 1, *shape[1:], dtype=dtype, device=device)
-            return spare, spare[: shape[0]]
+            return torch.zeros(*shape, dtype=dtype, device=device)
 
         # Slots of each path request's keys, in order (pages of one slot).
-        self._slots, self.slot_table = table(max_paths, max_len, dtype=torch.int32)
-        self._keys, self.seq_used = table(max_paths, dtype=torch.int32)  # keys per request
-        self._starts, self.query_start = table(max_paths + 1, dtype=torch.int32)
-        self._rows, self.query_rows = table(max_tokens, dtype=torch.long)  # forward rows
+        self.slot_table = table(max_paths, max_len, dtype=torch.int32)
+        self.seq_used = table(max_paths, dtype=torch.int32)  # keys per request
+        self.query_start = table(max_paths + 1, dtype=torch.int32)
+        self.query_rows = table(max_tokens, dtype=torch.long)  # forward rows
         # Per forward row: recomputed by a path request, and its row among the queries.
-        self._owned, self.row_owned = table(max_tokens, dtype=torch.bool)
-        self._to_query, self.row_to_query = table(max_tokens, dtype=torch.long)
-        # build's per-path scratch: the tree of each path request.
-        self._path_tree = torch.zeros(max_paths + 1, dtype=torch.long, device=device)
+        self.row_owned = table(max_tokens, dtype=torch.bool)
+        self.row_to_query = table(max_tokens, dtype=torch.long)
+        # build's scratch: each tree's path requests and queries.
+        self._counts = table(2 * max_tokens, dtype=torch.int32)
 
     def clear(self) -> None:
         """No path requests: every request empty, no forward row recomputed. The row
@@ -166,71 +163,36 @@ class PathTables:
         slot_mapping: torch.Tensor,  # [>= T] each forward row's slot
     ) -> None:
         """The step's path requests from its description on the device, as `publish`
-        lays them out (requests in tree order, each tree's in leaf order; queries by row):
-        a fixed row belongs to the first leaf below it. The host gives only what it knows
-        (the trees' rows, bounds); nothing waits for the GPU (no data-dependent sizes:
-        expand, not repeat_interleave). [K, W, W] temporaries."""
+        lays them out, by the Triton kernels of kernels/path_build.py (two launches after
+        the clear; CPU: Triton's interpreter, the tests'). The host gives only what it
+        knows (the trees' rows, bounds) and waits for nothing."""
+        from ..kernels.path_build import build_path_requests
+
         self.clear()
-        num_trees, w = trees.shape[1], rows_per_tree
-        if not num_trees or not num_paths:
+        if not trees.shape[1] or not num_paths:
             return
         if num_paths > self.max_paths or num_keys > self.max_len:
             raise RuntimeError(
                 f"dominotree: {num_paths} path requests of up to {num_keys} keys over the "
                 f"tables' {self.max_paths} x {self.max_len}"
             )
-        device = trees.device
-        first, count, request = trees[0], trees[1], trees[2]
-        offset = torch.arange(w, device=device)
-        valid = offset[None, :] < count[:, None]  # [K, W]
-        rows = torch.where(valid, first[:, None] + offset, 0)  # [K, W] forward rows
-        bits = torch.where(valid, ancestors[rows], 0)
-        fix = valid & (needs_fix[rows] != 0)
-        # on_path[k, i, j]: row j (>= 1) is row i or one of its ancestors.
-        shift = (offset - 1).clamp(min=0)
-        on_path = ((bits[:, :, None] >> shift) & 1).bool() & (offset >= 1)
-        other = ~torch.eye(w, dtype=torch.bool, device=device)
-        leaf = valid & (offset >= 1) & ~(on_path & other).any(dim=1)  # [K, W]
-        reach = on_path & leaf[:, :, None]  # [K, L, j]: j on leaf L's path
-        owner = reach.int().argmax(dim=1)  # [K, j]: the first leaf below j
-        owns = reach & fix[:, None, :] & (owner[:, None, :] == offset[None, :, None])
-        owned = owns.sum(-1)  # [K, L]: queries of path request (k, L)
-        live = (owned > 0).flatten()  # [K * W]
-        path = live.cumsum(0) - 1  # each live path request's index
-        to_path = torch.where(live, path, self.max_paths)  # the others: the spare entry
-        # Keys: the prefix up to the root, then the path's nodes.
-        root = positions[first]  # [K]
-        depth = on_path.sum(-1)  # [K, L]
-        self._keys[to_path] = (root[:, None] + 1 + depth).flatten().int()
-        starts = owned.flatten().cumsum(0) - owned.flatten()
-        # past the last request: every query (a copy, not fill_ with a device value)
-        self.query_start.copy_(owned.sum().expand(self.query_start.shape))
-        # (query_start has a last real entry at max_paths: its spare comes after)
-        self._starts[torch.where(live, path, self.max_paths + 1)] = starts.int()
-        node_rows = rows[:, None, :].expand(-1, w, -1).flatten()  # [K * W * W]: row j
-        own = owns.flatten()
-        query = own.cumsum(0) - 1
-        self._rows[torch.where(own, query, self.max_tokens)] = node_rows
-        to_row = torch.where(own, node_rows, self.max_tokens)
-        # index_fill_, not `[to_row] = True`: a Python value assigned through an index
-        # is copied to the device first, a synchronizing copy (CUDA's sync check, H200).
-        self._owned.index_fill_(0, to_row, True)
-        self._to_query[to_row] = query
-        # Slot tables: every path request's prefix, then its nodes at root + depth.
-        tree_index = torch.arange(num_trees, device=device)[:, None].expand(-1, w).flatten()
-        self._path_tree.zero_()  # entries past the live requests index this step's trees too
-        self._path_tree[to_path] = tree_index
-        k = self._path_tree[:num_paths]
-        key = torch.arange(num_keys, device=device)
-        # (keys past the table's pages hold no prefix: masked below)
-        page = (key // block_size).clamp(max=block_table.shape[1] - 1)
-        pages = block_table[request[k]][:, page].long()
-        prefix = torch.where(key <= root[k][:, None], pages * block_size + key % block_size, 0)
-        self.slot_table[:num_paths, :num_keys] = prefix.int()
-        node = on_path & (owned > 0)[:, :, None]  # [K, L, j]: nodes of live paths
-        at_path = torch.where(node.flatten(), path[:, None].expand(-1, w).flatten(), self.max_paths)
-        at_key = torch.where(node, root[:, None, None] + on_path.cumsum(-1), 0).flatten()
-        self._slots[at_path, at_key] = slot_mapping[node_rows].int()
+        build_path_requests(
+            trees,
+            rows_per_tree,
+            ancestors,
+            needs_fix,
+            positions,
+            block_table,
+            block_size,
+            slot_mapping,
+            self._counts,
+            self.slot_table,
+            self.seq_used,
+            self.query_start,
+            self.query_rows,
+            self.row_owned,
+            self.row_to_query,
+        )
 
 
 def slot_view(cache: torch.Tensor) -> torch.Tensor:

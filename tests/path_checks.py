@@ -1,0 +1,170 @@
+"""Path requests' checks shared by the CPU tests (test_tree_paths.py, some of them under
+Triton's interpreter: the build is a Triton kernel) and tests/gpu: a dense stand-in for
+FA3's paged varlen call, the host's reference tables, and the build's checks against
+them."""
+
+from __future__ import annotations
+
+import torch
+from tree_attention_check import built_path_tables, random_case
+
+from vllm_dominotree.engine.cuda_attention import attend_paths
+from vllm_dominotree.engine.tree_paths import (
+    PathTables,
+    batch_path_specs,
+    batch_slot_mapping,
+    request_path_specs,
+)
+from vllm_dominotree.kernels.tree_attention import tree_attention_reference
+
+TABLES = ("seq_used", "query_start", "query_rows", "row_owned", "row_to_query")
+
+
+def fa3_stand_in(
+    *,
+    q,
+    k,
+    v,
+    out,
+    cu_seqlens_q,
+    max_seqlen_q,
+    seqused_k,
+    max_seqlen_k,
+    softmax_scale,
+    causal,
+    block_table,
+    fa_version,
+    num_splits,
+):
+    """What vLLM's flash_attn_varlen_func computes for a paged causal batch, densely in
+    float32: request r's keys are its first seqused_k[r] positions through its block
+    table (k's pages), its queries q[cu_seqlens_q[r]:cu_seqlens_q[r + 1]], query i
+    aligned to key seqused_k - queries + i. Rows past the last request are left alone."""
+    assert causal
+    page, group = k.shape[1], q.shape[1] // k.shape[2]
+    key_slots, value_slots = k.flatten(0, 1), v.flatten(0, 1)  # [slots, KVH, D]
+    for r in range(seqused_k.numel()):
+        first, end = int(cu_seqlens_q[r]), int(cu_seqlens_q[r + 1])
+        keys = int(seqused_k[r])
+        if first == end:
+            continue
+        position = torch.arange(keys)
+        slots = block_table[r, position // page].long() * page + position % page
+        keys_r = key_slots[slots].float().repeat_interleave(group, dim=1)  # [keys, H, D]
+        values_r = value_slots[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("nhd,khd->nhk", q[first:end].float(), keys_r) * softmax_scale
+        last_key = keys - (end - first) + torch.arange(end - first)
+        visible = position[None, :] <= last_key[:, None]
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        out[first:end] = torch.einsum("nhk,khd->nhd", scores.softmax(-1), values_r).to(out.dtype)
+
+
+def publish_case(tables: PathTables, case, each_row: bool = False) -> None:
+    _, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = case
+    page = key_cache.shape[1]
+    specs = batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row)
+    assert specs, "the case has no branching tree"
+    tables.publish(
+        specs, block_table, page, batch_slot_mapping(block_table, query_start, seq_lens, page)
+    )
+
+
+def attend_case(tables: PathTables, case) -> torch.Tensor:
+    """The case's fixed rows through attend_paths (the runner's gathers and scatter)
+    with the stand-in for FA3; the other rows stay 7.0."""
+    query, key_cache, value_cache = case[:3]
+    got = torch.full_like(query, 7.0)
+    attend_paths(
+        query,
+        key_cache,
+        value_cache,
+        tables,
+        query.shape[-1] ** -0.5,
+        17,
+        got,
+        varlen=fa3_stand_in,
+    )
+    return got
+
+
+def reference(case) -> torch.Tensor:
+    want = torch.full_like(case[0], 7.0)
+    tree_attention_reference(*case, case[0].shape[-1] ** -0.5, want)
+    return want
+
+
+def assert_same_tables(got: PathTables, want: PathTables) -> None:
+    for name in TABLES:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    # Each request's keys (its slots up to its key count) are the host's.
+    for v, keys in enumerate(want.seq_used.tolist()):
+        assert torch.equal(got.slot_table[v, :keys], want.slot_table[v, :keys]), v
+
+
+def check_build_equals_publish(seed: int) -> None:
+    """The build's tables are the host's, and give the reference attention."""
+    case = random_case("cpu", torch.float32, seed, requests=6, max_context=90)
+    tokens = case[0].shape[0]
+    host = PathTables(128, tokens, case[3].shape[1] * case[1].shape[1], "cpu")
+    publish_case(host, case)
+    assert_same_tables(built_path_tables(case), host)
+    assert (attend_case(built_path_tables(case), case) - reference(case)).abs().max() < 1e-5
+
+
+def check_build_after_a_larger_step() -> None:
+    """Tables outlive steps: a small step built over a large one's tables (its scratch
+    poisoned too), then a step without trees, which leaves every request empty."""
+    large = random_case("cpu", torch.float32, 3, requests=8, max_context=60)
+    small = random_case("cpu", torch.float32, 0, requests=2, max_context=60)
+    tables = built_path_tables(large)
+    assert (attend_case(tables, large) - reference(large)).abs().max() < 1e-5
+    tables._counts.fill_(99)
+    tables.slot_table.fill_(-5)
+    built_path_tables(small, tables)
+    assert (attend_case(tables, small) - reference(small)).abs().max() < 1e-5
+    tables.build(torch.zeros(3, 0, dtype=torch.long), 17, 0, 0, *([None] * 4), 16, None)
+    assert not tables.row_owned.any() and not tables.seq_used.any()
+    assert not tables.query_start.any()
+
+
+def check_runner_build(seed: int) -> None:
+    """What the runner hands PathTables.build (the published step's tree rows, per-row
+    bits, device positions and slots; requests without trees in between) gives the path
+    requests that the host builds from the same trees."""
+    from acceptance_cases import random_step
+
+    from vllm_dominotree.engine.tree_step import TreeStepBuffers
+
+    buffers = TreeStepBuffers(128, torch.device("cpu"))
+    step, _, _, _, _ = random_step(seed, buffers=buffers)
+    page, num_tokens = 4, step.num_tokens
+    block_table = torch.randperm(7 * 40, generator=torch.Generator().manual_seed(seed))
+    block_table = block_table.view(7, 40).int()  # 7 requests, 160 positions each
+    positions = torch.zeros(num_tokens, dtype=torch.long)
+    requests = torch.zeros(num_tokens, dtype=torch.long)
+    specs = []
+    for t in step.trees:
+        rows = slice(t.token_row, t.token_row + t.num_rows)
+        positions[rows] = t.start + torch.arange(t.num_rows)
+        requests[rows] = t.batch_index
+        bits = buffers.token_ancestors[rows].numpy()
+        fix = buffers.token_needs_fix[rows].numpy() != 0
+        specs += request_path_specs(t.batch_index, t.start, t.token_row, bits, fix)
+    assert specs, "the step has no branching tree"
+    slots = block_table[requests, positions // page].long() * page + positions % page
+    host = PathTables(max_paths=64, max_tokens=num_tokens, max_len=160, device="cpu")
+    host.publish(specs, block_table, page, slots)
+    built = PathTables(max_paths=64, max_tokens=num_tokens, max_len=160, device="cpu")
+    built.build(
+        buffers.tree_rows(len(step.trees)),
+        17,
+        num_paths=sum(t.num_rows - 1 for t in step.trees),
+        num_keys=max(t.start for t in step.trees) + 17,
+        ancestors=buffers.token_ancestors,
+        needs_fix=buffers.token_needs_fix,
+        positions=positions,
+        block_table=block_table,
+        block_size=page,
+        slot_mapping=slots,
+    )
+    assert_same_tables(built, host)
