@@ -6,13 +6,14 @@
 #   suite             the whole of tests/gpu in two `parallel` phases (more than one call's
 #                     9 minutes today: test_engine_gpu.py alone starts 11 engines):
 #                     kernel, builder, engine and SmolLM2 float32 tests beside the bf16
-#                     test's baselines, then its eight variants (one engine each) -> $OUT/suite_phase1.log,
+#                     test's baselines, then its six variants (one engine each) -> $OUT/suite_phase1.log,
 #                     $OUT/suite_phase2.log
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
 #                     if shipped), durations listed -> $OUT/gpu_tests.log. The bf16 test's
 #                     baselines are kept in /tmp/bf16_baselines for later jobs on this
 #                     machine: run `-k baselines[toy]` and `-k baselines[smollm2]` first,
-#                     then each variant (`-k toy-chain-fixup`, ...) starts one engine
+#                     then each variant (`-k toy-chain`, `-k smollm2-conditional`, ...) starts
+#                     one engine
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/
 #   rounding [ARGS]   benchmarks/tree_rounding_bench.py (tree rows' bf16 rounding against
 #                     FA3's decoding, and the fix-up's / paths' GPU time) -> $OUT/rounding/
@@ -122,8 +123,8 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     mv "$OUT/jobs.log" "$OUT/suite_phase1.log"
     variants=()
     for pair in toy smollm2; do
-      for variant in chain-fixup conditional-fixup conditional-sync-fixup conditional-paths; do
-        variants+=("tests $b -k $pair-$variant")
+      for scorer in chain marginal conditional; do
+        variants+=("tests $b -k $pair-$scorer")
       done
     done
     bash "$0" parallel "${variants[@]}" || rc=1
