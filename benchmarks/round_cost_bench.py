@@ -36,7 +36,10 @@ time over each method's round time: a projection, not a measurement.
 Every method runs in its own Python process with vLLM's defaults (the V2 runner and its
 graph modes for `ar` and `dflash`; `dflash-v1` is vLLM's DFlash on its V1 runner, which
 the plugin extends), so nothing one engine sets can reach another. Writes
-round_cost.json and round_cost.md under --out after every method.
+round_cost.json and round_cost.md under --out after every method, over every method
+whose rows are in --out (rows-METHOD.json, each with the command that made it): calls
+with other --methods and the same --out add to one table (a device call of 9 minutes
+fits two or three methods; use a new --out for a new table).
 """
 
 from __future__ import annotations
@@ -294,6 +297,13 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     return rows
 
 
+def gathered_rows(out: Path) -> list[dict]:
+    """Every method's rows under `out`, in the order the methods finished (this call's
+    and earlier calls')."""
+    files = sorted(out.glob("rows-*.json"), key=lambda f: f.stat().st_mtime_ns)
+    return [row for f in files for row in json.loads(f.read_text())]
+
+
 def report(rows: list[dict], args) -> None:
     ar = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "ar"}
     for r in rows:
@@ -375,7 +385,8 @@ def report(rows: list[dict], args) -> None:
     intro = [
         f"# Round cost on {device}",
         "",
-        f"`{command_line()}`; random {args.shape}-shaped target and drafters, "
+        "; ".join(f"`{c}`" for c in dict.fromkeys(r.get("command", "") for r in rows))
+        + f"; random {args.shape}-shaped target and drafters, "
         f"{args.tokens} tokens per request, ms per round (verify .. rest: the stage "
         "clock's split, with syncs; graphs / eager launches / host waits per "
         "verification step from a traced pass).",
@@ -442,7 +453,6 @@ def main() -> None:
     # models and each method get a process of their own, started once the last one's
     # engine has let go of the GPU.
     started = time.perf_counter()
-    rows: list[dict] = []
     for method in [MODELS, *args.methods]:
         env = dict(os.environ)
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -455,8 +465,10 @@ def main() -> None:
         if method == MODELS:
             print(f"models ready in {time.perf_counter() - started:.1f} s", flush=True)
             continue
-        rows += json.loads((args.out / f"rows-{method}.json").read_text())
-        report(rows, args)
+        done = args.out / f"rows-{method}.json"
+        rows = [row | {"command": command_line()} for row in json.loads(done.read_text())]
+        done.write_text(json.dumps(rows))
+        report(gathered_rows(args.out), args)
     print((args.out / "round_cost.md").read_text())
 
 

@@ -14,7 +14,9 @@
 #                     machine: run `-k baselines[toy]` and `-k baselines[smollm2]` first,
 #                     then each variant (`-k toy-chain`, `-k smollm2-conditional`, ...) starts
 #                     one engine
-#   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/
+#   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/: the
+#                     rows of every round-cost call on this machine in one table (two or
+#                     three methods fit a call: `--methods ar dflash`, then others)
 #   rounding [ARGS]   benchmarks/tree_rounding_bench.py (tree rows' bf16 rounding against
 #                     FA3's decoding, and the fix-up's / paths' GPU time) -> $OUT/rounding/
 #   probe NAME [ARGS] benchmarks/divergence_probe.py on the SmolLM2 pair (first divergence
@@ -160,8 +162,13 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     exit $rc
     ;;
   round-cost)
-    python3 benchmarks/round_cost_bench.py --out "$OUT/round_cost" --models /tmp/rc_models "$@" \
-      2>&1 | grep -v " WARNING " | tee "$OUT/round_cost.log"
+    # One table over this machine's calls (/tmp/round_cost keeps every method's rows), a
+    # copy of it in each call's $OUT.
+    status=0
+    python3 benchmarks/round_cost_bench.py --out /tmp/round_cost --models /tmp/rc_models "$@" \
+      2>&1 | grep -v " WARNING " | tee -a "$OUT/round_cost.log" || status=$?
+    cp -r /tmp/round_cost "$OUT/"  # what finished, even when a method failed
+    exit $status
     ;;
   rounding)
     python3 benchmarks/tree_rounding_bench.py --out "$OUT/rounding" "$@" 2>&1 | grep -v " WARNING " |

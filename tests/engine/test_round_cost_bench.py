@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from round_cost_bench import PAPER_TAU, split_variants  # noqa: E402
+from round_cost_bench import PAPER_TAU, gathered_rows, split_variants  # noqa: E402
 
 # A variant too: synchronous scheduling (the CPU's anyway), vLLM's drafter pass and the
 # preparation apart from the build.
@@ -103,3 +103,26 @@ def test_method_variants_name_their_engine_arguments_and_environment():
         {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},
     )
     assert split_variants("chain") == ("chain", {}, {})
+    assert split_variants("conditional-fixup")[2] == {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}
+
+
+def test_methods_of_several_calls_make_one_table(tmp_path):
+    """Rows of earlier calls in the same --out are reported with this call's, in the
+    order the methods finished; a method run again replaces its rows."""
+    import os
+
+    def finish(method, ms, at):
+        path = tmp_path / f"rows-{method}.json"
+        path.write_text(json.dumps([{"method": method, "batch": 1, "ms_per_round": ms}]))
+        os.utime(path, ns=(at, at))
+
+    finish("dflash", 4.4, 1_000)
+    finish("conditional", 6.1, 2_000)
+    finish("ar", 3.5, 3_000)
+    assert [r["method"] for r in gathered_rows(tmp_path)] == ["dflash", "conditional", "ar"]
+    finish("dflash", 4.5, 4_000)
+    assert [(r["method"], r["ms_per_round"]) for r in gathered_rows(tmp_path)] == [
+        ("conditional", 6.1),
+        ("ar", 3.5),
+        ("dflash", 4.5),
+    ]
