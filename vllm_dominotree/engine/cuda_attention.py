@@ -111,7 +111,8 @@ def attend_paths(
         num_splits=num_splits,
     )
     owned = tables.row_owned[:num_tokens, None, None]
-    rows.copy_(torch.where(owned, path_out[tables.row_to_query[:num_tokens]], rows))
+    # In place (`out=rows`: the same memory, element for element): no copy kernel.
+    torch.where(owned, path_out[tables.row_to_query[:num_tokens]], rows, out=rows)
 
 
 class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
