@@ -72,3 +72,28 @@ def test_greedy_float32_equals_the_target_alone(pair, expected, scorer, engine):
     if scorer == "conditional":
         # The real drafter's trees branch and are accepted past their first children.
         assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
+
+
+def test_recomputed_rows_are_right_up_to_rounding(pair):
+    """Eager, with DOMINOTREE_CHECK_TREE_ATTENTION=1: every row the fix-up recomputed, in
+    every layer of every step, against the dense float32 reference (wrong rows, not
+    rounding, would show as errors far above TF32's)."""
+    from vllm import SamplingParams
+
+    target, prompts = pair
+    config = {"method": "dominotree", "model": str(DRAFTER_DIR), "scorer": "conditional"}
+    _, stats = run_engine(
+        target,
+        prompts[:8],
+        SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
+        config,
+        {"DOMINOTREE_CHECK_TREE_ATTENTION": "1"},
+        dtype="float32",
+        max_model_len=2048,
+        enforce_eager=True,
+        **engine_memory(kv_gib=2),
+    )
+    check = stats["tree_attention_check"]
+    print("tree attention check", check, stats["tree_attention"])
+    assert stats["tree_attention"] == "fixup" and check["rows"] > 0
+    assert check["max_error"] < 2e-2, check

@@ -25,6 +25,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAt
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from ..kernels.tree_attention import TreeAttention
+from .attention_check import CHECK
 from .backend_support import TREE_LACKS, check_supported
 from .tree_paths import PathTables, slot_view
 from .tree_step import installed
@@ -48,26 +49,25 @@ class TreeFixupMixin:
         check_supported(self, TREE_LACKS, "CUDA")
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         rows = output.view(output.shape[0], self.num_heads, self.head_size)
-        if verification.paths is not None:
-            self.recompute_paths(query, key_cache, value_cache, verification, attn_metadata, rows)
-            return out
-        geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
-        kernel = _KERNELS.get(geometry)
-        if kernel is None:
-            kernel = _KERNELS[geometry] = TreeAttention(*geometry)
         buffers = verification.buffers
-        kernel(
-            query,
-            key_cache,
-            value_cache,
+        described = (
             attn_metadata.block_table,
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens,
             buffers.token_ancestors,
             buffers.token_needs_fix,
             self.scale,
-            rows,
         )
+        if verification.paths is not None:
+            self.recompute_paths(query, key_cache, value_cache, verification, attn_metadata, rows)
+        else:
+            geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
+            kernel = _KERNELS.get(geometry)
+            if kernel is None:
+                kernel = _KERNELS[geometry] = TreeAttention(*geometry)
+            kernel(query, key_cache, value_cache, *described, rows)
+        if verification.check:
+            CHECK.record(layer.layer_name, query, key_cache, value_cache, *described, rows)
         return out
 
 

@@ -35,6 +35,7 @@ from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
+from . import attention_check
 from .accept_graphs import AcceptGraphs
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .backend_support import runs_fa3
@@ -145,6 +146,8 @@ class DominoTreeWorkerMixin:
             "stage_seconds": dict(self.model_runner.stage_clock.seconds),
             # vLLM's asynchronous scheduling (the next step prepared while this one runs)
             "async_scheduling": bool(self.model_runner.use_async_scheduling),
+            # DOMINOTREE_CHECK_TREE_ATTENTION=1: the recomputed rows against the reference
+            "tree_attention_check": self.model_runner.attention_check(),
         }
 
     def dominotree_profile(self, enabled: bool) -> None:
@@ -197,7 +200,10 @@ class DominoTreeRunnerMixin:
             if hasattr(layer, "impl") and name not in self.drafter._draft_attn_layer_names
         )
         self._verification = TreeVerification(
-            self._tree_buffers, self._target_layers, self.drafter.budget + 1
+            self._tree_buffers,
+            self._target_layers,
+            self.drafter.budget + 1,
+            check=self.device.type == "cuda" and attention_check.enabled(),
         )
         mode = attention_mode()
         target = forward_context[min(self._target_layers)]
@@ -297,6 +303,11 @@ class DominoTreeRunnerMixin:
             tables = self.input_batch.block_table[self.drafter.kv_cache_gid]
             self.drafter.capture_query_pass(tables.get_device_tensor)
         return out
+
+    def attention_check(self) -> dict | None:
+        """DOMINOTREE_CHECK_TREE_ATTENTION=1: the checked rows and their largest error
+        against the reference (engine/attention_check.py); None when off."""
+        return asdict(attention_check.CHECK) if self._verification.check else None
 
     def read_stats(self) -> DominoTreeStats:
         self._fold_step_stats(wait=True)

@@ -283,6 +283,9 @@ class TreeVerification:
     # While vLLM warms up and captures its graphs, the fix-up launches even with no
     # trees (its rows then return at once), so that graphs contain it.
     capturing: bool = False
+    # DOMINOTREE_CHECK_TREE_ATTENTION=1 (engine/attention_check.py): recomputed rows
+    # checked against the dense reference in eager forwards.
+    check: bool = False
 
 
 _INSTALLED: TreeVerification | None = None
