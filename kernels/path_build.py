@@ -10,7 +10,8 @@ owned rows in row order. `_count_paths` (one program per tree) counts each tree'
 requests and queries; `_fill_paths` (one program per tree and leaf) places its request
 after the earlier trees' (the counts summed in each program: trees <= a few hundred)
 and writes its key count, query start, queries and slots: the prefix's, from the block
-table, then its path's nodes'.
+table, then its path's nodes'. One compilation serves every step of an engine (the
+runner makes it at start: engine/runner.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 KEY_BLOCK = 128  # slot-table entries written per step of a request's prefix loop
+TREE_BLOCK = 64  # trees' counts summed per step
 
 
 @triton.jit
@@ -54,6 +56,26 @@ def _count_paths(Trees, stride_field, Ancestors, NeedsFix, Counts, W_PAD: tl.con
 
 
 @triton.jit
+def _earlier(Counts, tree, num_trees, TREE_BLOCK: tl.constexpr):
+    """(path requests, queries) of the trees before `tree`, and of all trees."""
+    paths_before = tl.zeros([], dtype=tl.int32)
+    queries_before = tl.zeros([], dtype=tl.int32)
+    paths_all = tl.zeros([], dtype=tl.int32)
+    queries_all = tl.zeros([], dtype=tl.int32)
+    for t0 in range(0, num_trees, TREE_BLOCK):
+        t = t0 + tl.arange(0, TREE_BLOCK)
+        paths_of = tl.load(Counts + 2 * t, mask=t < num_trees, other=0)
+        queries_of = tl.load(Counts + 2 * t + 1, mask=t < num_trees, other=0)
+        paths_before += tl.sum(tl.where(t < tree, paths_of, 0))
+        queries_before += tl.sum(tl.where(t < tree, queries_of, 0))
+        paths_all += tl.sum(paths_of)
+        queries_all += tl.sum(queries_of)
+    return paths_before, queries_before, paths_all, queries_all
+
+
+# The runtime sizes are not specialized on (Triton compiles a variant for a value of 1 or
+# a multiple of 16): the runner compiles these once at engine start, not on a request.
+@triton.jit(do_not_specialize=["num_trees", "max_paths", "page_size"])
 def _fill_paths(
     Trees,
     stride_field,
@@ -75,28 +97,29 @@ def _fill_paths(
     max_paths,
     page_size,
     W_PAD: tl.constexpr,
-    TREES_PAD: tl.constexpr,
+    TREE_BLOCK: tl.constexpr,
     KEY_BLOCK: tl.constexpr,
 ):
     tree = tl.program_id(0)
     leaf = tl.program_id(1)
+    if leaf >= tl.load(Trees + stride_field + tree) and (tree + leaf) > 0:
+        return  # no such row (program (0, 0) always has entries to fill)
     rows, on_path, owns = _tree_paths(Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD)
     owned = tl.sum(owns.to(tl.int32), axis=1)  # [L]
-    t = tl.arange(0, TREES_PAD)
-    paths_of = tl.load(Counts + 2 * t, mask=t < num_trees, other=0)
-    queries_of = tl.load(Counts + 2 * t + 1, mask=t < num_trees, other=0)
+    paths_before, queries_before, paths_all, queries_all = _earlier(
+        Counts, tree, num_trees, TREE_BLOCK
+    )
     if tree == 0 and leaf == 0:  # the entries past the last request: every query
-        total = tl.sum(queries_of)
-        for e in range(tl.sum(paths_of), max_paths + 1, KEY_BLOCK):
+        for e in range(paths_all, max_paths + 1, KEY_BLOCK):
             entry = e + tl.arange(0, KEY_BLOCK)
-            tl.store(QueryStart + entry, total, mask=entry <= max_paths)
+            tl.store(QueryStart + entry, queries_all, mask=entry <= max_paths)
     offs = tl.arange(0, W_PAD)
     mine = offs == leaf
     if tl.sum(tl.where(mine, owned, 0)) == 0:
         return
     earlier = offs < leaf
-    path = tl.sum(tl.where(t < tree, paths_of, 0)) + tl.sum((earlier & (owned > 0)).to(tl.int32))
-    start = tl.sum(tl.where(t < tree, queries_of, 0)) + tl.sum(tl.where(earlier, owned, 0))
+    path = paths_before + tl.sum((earlier & (owned > 0)).to(tl.int32))
+    start = queries_before + tl.sum(tl.where(earlier, owned, 0))
     nodes = tl.max((on_path & mine[:, None]).to(tl.int32), axis=0) != 0  # [j] on this path
     queries = tl.max((owns & mine[:, None]).to(tl.int32), axis=0) != 0  # [j] owned here
     first = tl.load(Trees + tree)
@@ -162,6 +185,6 @@ def build_path_requests(
         seq_used.shape[0],
         block_size,
         W_PAD=w_pad,
-        TREES_PAD=triton.next_power_of_2(num_trees),
+        TREE_BLOCK=TREE_BLOCK,
         KEY_BLOCK=KEY_BLOCK,
     )

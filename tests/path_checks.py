@@ -101,14 +101,15 @@ def assert_same_tables(got: PathTables, want: PathTables) -> None:
         assert torch.equal(got.slot_table[v, :keys], want.slot_table[v, :keys]), v
 
 
-def check_build_equals_publish(seed: int) -> None:
+def check_build_equals_publish(seed: int, requests: int = 6, max_context: int = 90) -> None:
     """The build's tables are the host's, and give the reference attention."""
-    case = random_case("cpu", torch.float32, seed, requests=6, max_context=90)
-    tokens = case[0].shape[0]
-    host = PathTables(128, tokens, case[3].shape[1] * case[1].shape[1], "cpu")
+    case = random_case("cpu", torch.float32, seed, requests=requests, max_context=max_context)
+    tokens, max_len = case[0].shape[0], case[3].shape[1] * case[1].shape[1]
+    host = PathTables(tokens, tokens, max_len, "cpu")
     publish_case(host, case)
-    assert_same_tables(built_path_tables(case), host)
-    assert (attend_case(built_path_tables(case), case) - reference(case)).abs().max() < 1e-5
+    built = built_path_tables(case, PathTables(tokens, tokens, max_len, "cpu"))
+    assert_same_tables(built, host)
+    assert (attend_case(built, case) - reference(case)).abs().max() < 1e-5
 
 
 def check_build_after_a_larger_step() -> None:

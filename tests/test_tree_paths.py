@@ -93,6 +93,7 @@ BUILD_CHECKS = """
 import path_checks as c
 for seed in range(8):
     c.check_build_equals_publish(seed)
+c.check_build_equals_publish(8, requests=70, max_context=8)  # trees past one count block
 c.check_build_after_a_larger_step()
 for seed in range(6):
     c.check_runner_build(seed)

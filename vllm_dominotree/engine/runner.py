@@ -265,22 +265,33 @@ class DominoTreeRunnerMixin:
                 " (float32 models use Triton): unset it or set it to fixup"
             )
         slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
+        # The build's Triton kernels compiled now, on the buffers every step passes (one
+        # tree of no rows: nothing is built), not on the first request's step.
+        self._build_paths(num_trees=1, num_paths=1, max_root=0)
+        self._verification.paths.clear()
 
     def _publish_paths(self, step: TreeStep | None) -> None:
         """The step's path requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths),
         built on the device from the step's description: no wait for the trees."""
-        tables = self._verification.paths
-        if tables is None:
+        if self._verification.paths is None:
             return
         trees = step.trees if step is not None else []
+        self._build_paths(
+            len(trees),
+            num_paths=sum(t.num_rows - 1 for t in trees),  # each owns a drafted row
+            # The host's root positions are exact or optimistic (asynchronous): a bound.
+            max_root=max((t.start for t in trees), default=0),
+        )
+
+    def _build_paths(self, num_trees: int, num_paths: int, max_root: int) -> None:
+        tables = self._verification.paths
         rows_per_tree = self._verification.rows_per_tree
         table = self.input_batch.block_table[self._target_group]
         tables.build(
-            self._tree_buffers.tree_rows(len(trees)),
+            self._tree_buffers.tree_rows(num_trees),
             rows_per_tree,
-            num_paths=sum(t.num_rows - 1 for t in trees),  # each owns a drafted row
-            # The host's root positions are exact or optimistic (asynchronous): a bound.
-            num_keys=min(max((t.start for t in trees), default=0) + rows_per_tree, tables.max_len),
+            num_paths=num_paths,
+            num_keys=min(max_root + rows_per_tree, tables.max_len),
             ancestors=self._tree_buffers.token_ancestors,
             needs_fix=self._tree_buffers.token_needs_fix,
             positions=self.positions,
