@@ -29,7 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-KEY_TILE = 64  # keys per inner step
+FAST_KEY_TILE = 64  # keys per inner step, for speed (beside FA3: its rows round apart anyway)
+# vLLM's Triton attention over rows of more than one query (its 2D kernel: every
+# verification pass, and decoding beyond its 3D kernel's sequence threshold) takes keys in
+# tiles of 32 for 16- and 32-bit caches, one program per request and KV head.
+TRITON_KEY_TILE = 32
 MAX_SPLITS = 16
 
 
@@ -186,13 +190,17 @@ def _tree_rows_attention(
         # output left the target's own on the H200.)
         scores = tl.dot(q, tl.trans(k)) * scale
         scores = tl.where(visible, scores, float("-inf"))
+        # The online softmax step in the order vLLM's Triton attention takes it (its
+        # unified kernel), so that with its tile size and one split a fixed row rounds
+        # as that kernel's rows do. A row that has seen no visible key yet takes 0 as its
+        # maximum (no inf - inf); its weights and sum stay 0.
         new_best = tl.maximum(best, tl.max(scores, axis=1))
-        # Rows that have seen no visible key yet keep -inf; avoid inf - inf.
-        shift = tl.where(new_best == float("-inf"), 0.0, new_best)
-        weights = tl.exp(scores - shift[:, None])
-        correction = tl.exp(best - shift)
+        new_best = tl.where(new_best > float("-inf"), new_best, 0.0)
+        weights = tl.exp(scores - new_best[:, None])
+        correction = tl.exp(best - new_best)
         total = total * correction + tl.sum(weights, axis=1)
-        acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v)
+        acc = acc * correction[:, None]
+        acc += tl.dot(weights.to(v.dtype), v)
         best = new_best
     write = m_ok & fix
     if DIRECT:  # the only split: normalize and write the rows' output
@@ -248,10 +256,15 @@ def _tree_rows_attention(
             )
 
 
-def num_splits_for(num_reqs: int, kv_heads: int, num_rows: int, capacity_rows: int) -> int:
+def num_splits_for(
+    num_reqs: int, kv_heads: int, num_rows: int, capacity_rows: int, like_triton: bool
+) -> int:
     """Key splits per request: enough programs to fill the GPU at small batches, within
-    the partial buffers (splits x rows <= capacity_rows). A function of the batch's
-    shape only, so it is fixed inside a captured graph."""
+    the partial buffers (splits x rows <= capacity_rows); one when the rows must round
+    as vLLM's Triton attention (which does not split verification rows) rounds them. A
+    function of the batch's shape only, so it is fixed inside a captured graph."""
+    if like_triton:
+        return 1
     wanted = triton.cdiv(256, max(1, num_reqs * kv_heads))
     return max(1, min(MAX_SPLITS, wanted, capacity_rows // max(1, num_rows)))
 
@@ -261,10 +274,20 @@ class TreeAttention:
     addresses a captured graph keeps)."""
 
     def __init__(
-        self, num_heads: int, head_dim: int, rows_per_tree: int, device, capacity_rows: int = 4096
+        self,
+        num_heads: int,
+        head_dim: int,
+        rows_per_tree: int,
+        device,
+        capacity_rows: int = 4096,
+        like_triton: bool = False,
     ):
+        """like_triton: round as vLLM's Triton attention does (its key tiles, no
+        splits), for targets that run it; otherwise split keys for speed."""
         self.rows_per_tree = triton.next_power_of_2(rows_per_tree)
         self.capacity_rows = capacity_rows
+        self.like_triton = like_triton
+        self.key_tile = TRITON_KEY_TILE if like_triton else FAST_KEY_TILE
         self.part_acc = torch.empty(capacity_rows, num_heads, head_dim, device=device)
         self.part_max = torch.empty(capacity_rows, num_heads, device=device)
         self.part_sum = torch.empty(capacity_rows, num_heads, device=device)
@@ -290,7 +313,9 @@ class TreeAttention:
         kv_heads, page = key_cache.shape[2], key_cache.shape[1]
         group = heads // kv_heads
         group_pad = triton.next_power_of_2(group)
-        splits = num_splits_for(num_reqs, kv_heads, num_tokens, self.capacity_rows)
+        splits = num_splits_for(
+            num_reqs, kv_heads, num_tokens, self.capacity_rows, self.like_triton
+        )
         direct = splits == 1
         view = (splits, 0 if direct else num_tokens)  # the direct path writes no partials
         used = view[0] * view[1]
@@ -334,7 +359,7 @@ class TreeAttention:
             HEAD_DIM=head_dim,
             PAGE=page,
             ROWS=self.rows_per_tree,
-            KEY_TILE=KEY_TILE,
+            KEY_TILE=self.key_tile,
             DIRECT=direct,
             # A [rows x group, head dim] float32 accumulator: 8 warps keep a 128 x 128
             # one in registers (4 spill it).

@@ -9,10 +9,15 @@ from interpreter import run_interpreted
 ATTENTION = """
 import torch
 from tree_attention_check import max_error
-# capacity 4096: key splits + merge; capacity 8: one split, written directly.
-for seed, context, capacity in [(0, 1100, 4096), (1, 1100, 8), (2, 300, 4096), (3, 60, 8)]:
-    error, other, fixed = max_error("cpu", torch.float32, seed, capacity, max_context=context)
-    print(seed, context, capacity, error, other, fixed)
+# capacity 4096: key splits + merge; capacity 8: one split, written directly; like_triton:
+# one split in vLLM's Triton tiles.
+cases = [(0, 1100, 4096, False), (1, 1100, 8, False), (2, 300, 4096, False), (3, 60, 8, False)]
+cases += [(4, 1100, 4096, True), (5, 70, 4096, True)]
+for seed, context, capacity, like_triton in cases:
+    error, other, fixed = max_error(
+        "cpu", torch.float32, seed, capacity, like_triton, max_context=context
+    )
+    print(seed, context, capacity, like_triton, error, other, fixed)
     assert fixed > 0, seed
     assert error < 1e-4, (seed, error)
     assert other == 0, (seed, other)

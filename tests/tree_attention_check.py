@@ -66,10 +66,16 @@ def random_case(
 
 
 def max_error(
-    device: str, dtype: torch.dtype, seed: int, capacity_rows: int = 4096, **shape
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    capacity_rows: int = 4096,
+    like_triton: bool = False,
+    **shape,
 ) -> tuple[float, float, int]:
     """(max |kernel - reference| on the rows that need a fix, max change on the other rows,
-    number of fixed rows). capacity_rows below the batch's rows forces the one-split path.
+    number of fixed rows). capacity_rows below the batch's rows forces the one-split path;
+    like_triton, the one split with vLLM's Triton key tiles.
     The kernel runs twice, as a graph replays it: the splits' counters must be back at
     zero after each launch and the second launch must give the first's rows."""
     args = random_case(device, dtype, seed, **shape)
@@ -83,6 +89,7 @@ def max_error(
         shape.get("max_rows", 17),
         query.device,
         capacity_rows=capacity_rows,
+        like_triton=like_triton,
     )
     kernel(*args, scale, got)
     assert not kernel.counters.any(), "a launch left split counters behind"

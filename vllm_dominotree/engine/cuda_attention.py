@@ -9,7 +9,9 @@ cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
   root-to-leaf path requests (engine/tree_paths.py), so that tree rows round exactly as
   decoding's rows do (in bf16 the fix-up's own rounding flips a small model's near-ties);
 - fixup (the default elsewhere: float32 models, vLLM's Triton backend): the Triton tree
-  kernel (kernels/tree_attention.py), which reads each request's prefix once.
+  kernel (kernels/tree_attention.py), which reads each request's prefix once; beside
+  vLLM's Triton attention it takes that kernel's key tiles and softmax steps, unsplit,
+  so that its rows round as that kernel's (and decoding's) rows do.
 Both read only device buffers (the attention metadata and the published step,
 engine/tree_step.py), so a forward captured in a FULL CUDA graph replays them for every
 step (the runner marks graph capture, whose warm-ups compile and whose captures record
@@ -62,9 +64,11 @@ class TreeFixupMixin:
             self.recompute_paths(query, key_cache, value_cache, verification, attn_metadata, rows)
         else:
             geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
-            kernel = _KERNELS.get(geometry)
+            like_triton = isinstance(self, TritonAttentionImpl)
+            kernel = _KERNELS.get((*geometry, like_triton))
             if kernel is None:
-                kernel = _KERNELS[geometry] = TreeAttention(*geometry)
+                kernel = TreeAttention(*geometry, like_triton=like_triton)
+                _KERNELS[(*geometry, like_triton)] = kernel
             kernel(query, key_cache, value_cache, *described, rows)
         if verification.check:
             CHECK.record(layer.layer_name, query, key_cache, value_cache, *described, rows)
