@@ -3,15 +3,17 @@ a diagnostic for the bf16 divergence test (tests/gpu/test_bf16_divergence.py).
 
     python benchmarks/divergence_probe.py --target DIR --drafter DIR --out DIR \\
         [--dtype bfloat16] [--prompts 100] [--max-tokens 128] [--budget 15] \\
-        [--attention-backend TRITON_ATTN] [--enforce-eager] \
+        [--attention-backend TRITON_ATTN] [--enforce-eager] \\
         [--configs conditional conditional-sync chain]
 
 The target alone runs first with the same dtype, attention backend and graph mode, then
 each config, all in this process, one engine at a time. A config is a scorer with
-suffixes (CONFIG_SUFFIXES): -sync (vLLM's asynchronous scheduling off), -paths (the FA3
-path requests instead of the fix-up kernel), -b4 (4 requests at a time), e.g.
-`conditional-sync-b4`. Per config: how many prompts leave the target's
-output and where they first do, and the plugin's counters. The prompts are the chat
+suffixes (CONFIG_SUFFIXES): -sync (vLLM's asynchronous scheduling off), -paths / -fixup
+(the tree rows' attention mode), -b4 (4 requests at a time), -check (every recomputed row
+against the dense reference, engine/attention_check.py: eager, so give --enforce-eager
+too, that the target alone runs eager as well), e.g. `conditional-sync-b4`. Per config:
+how many prompts leave the target's output and where they first do, and the plugin's
+counters. The prompts are the chat
 prompts of the GPU tests (first turns spread over HumanEval, MT-Bench and MATH-500).
 """
 
@@ -32,6 +34,8 @@ CONFIG_SUFFIXES = {
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
     "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
     "-b4": ({"max_num_seqs": 4}, {}),
+    # Every recomputed row against the dense reference (engine/attention_check.py; eager).
+    "-check": ({"enforce_eager": True}, {"DOMINOTREE_CHECK_TREE_ATTENTION": "1"}),
 }
 
 
@@ -62,12 +66,11 @@ def generate(args, prompts, speculative_config, engine: dict, env: dict):
             dtype=args.dtype,
             max_model_len=2048,
             seed=0,
-            enforce_eager=args.enforce_eager,
             **memory,
             kernel_config={"enable_jit_warmup": False},
             attention_backend=args.attention_backend,
             speculative_config=speculative_config,
-            **engine,
+            **({"enforce_eager": args.enforce_eager} | engine),
         )
     finally:
         for key, value in saved.items():
@@ -123,13 +126,30 @@ def main() -> None:
         found = first_divergences(tokens, want)
         rows.append({"config": config, "diverged": found, "stats": stats})
         earliest = sorted(found.values())[:12]
-        table.append([config, len(found), earliest, stats.get("sibling_accepts")])
+        check = stats.get("tree_attention_check") or {}
+        table.append(
+            [
+                config,
+                len(found),
+                earliest,
+                stats.get("sibling_accepts"),
+                stats.get("tree_attention"),
+                f"{check['max_error']:.2e} over {check['rows']} rows" if check else "-",
+            ]
+        )
         print(config, len(found), "of", len(prompts), "diverge", sorted(found.values()), flush=True)
         write_results(
             args.out,
             "divergence_probe",
             {"command": command_line(), "args": vars(args), "rows": rows},
-            ["config", "prompts diverging", "first positions (12 earliest)", "sibling accepts"],
+            [
+                "config",
+                "prompts diverging",
+                "first positions (12 earliest)",
+                "sibling accepts",
+                "tree attention",
+                "recomputed rows' largest error (-check)",
+            ],
             table,
             [f"# First divergence from the target alone ({args.dtype})", "", f"`{command_line()}`"],
         )

@@ -32,6 +32,11 @@ def test_configs_name_their_engine_arguments_and_environment():
         {},
         {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},
     )
+    assert split_suffixes("conditional-fixup-check", CONFIG_SUFFIXES) == (
+        "conditional",
+        {"enforce_eager": True},
+        {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup", "DOMINOTREE_CHECK_TREE_ATTENTION": "1"},
+    )
 
 
 def test_first_divergences_finds_where_outputs_leave_the_target():
