@@ -1,0 +1,102 @@
+"""Every Triton kernel of the plugin compiled for the H200 (sm_90) on this GPU-less machine,
+in the configurations the engine launches: Triton's own compiler and the ptxas its wheel
+carries, no device. Triton's interpreter (the other CPU tests) checks what the kernels
+compute but not whether they compile; a kernel that fails here would fail on the H200's
+first launch. (Triton here is CI's; the H200's vLLM stage has its own, 3.6 in 2026-12.)"""
+
+from __future__ import annotations
+
+import pytest
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+
+from vllm_dominotree.kernels import kv_move, path_build, tree_attention
+
+H200 = GPUTarget("cuda", 90, 32)
+
+
+def compiled(kernel, types: dict[str, str], constexprs: dict, **options):
+    """Compile `kernel` for sm_90; arguments not named in types are i32 scalars."""
+    signature = {
+        name: "constexpr" if name in constexprs else types.get(name, "i32")
+        for name in kernel.arg_names
+    }
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return compile(source, target=H200, options=options)
+
+
+def test_the_path_build_compiles():
+    types = dict(
+        Trees="*i64",
+        Ancestors="*i64",
+        NeedsFix="*i64",
+        Counts="*i32",
+        Positions="*i64",
+        BlockTable="*i32",
+        SlotMapping="*i64",
+        SlotTable="*i32",
+        SeqUsed="*i32",
+        QueryStart="*i32",
+        QueryRows="*i64",
+        RowOwned="*i1",
+        RowToQuery="*i64",
+    )
+    w_pad = triton.next_power_of_2(17)  # budget 16
+    assert compiled(path_build._count_paths, types, {"W_PAD": w_pad}).asm["cubin"]
+    blocks = {"TREE_BLOCK": path_build.TREE_BLOCK, "KEY_BLOCK": path_build.KEY_BLOCK}
+    assert compiled(path_build._fill_paths, types, {"W_PAD": w_pad, **blocks}).asm["cubin"]
+
+
+# Beside vLLM's Triton attention: its key tiles, one split; beside FA3: key splits merged
+# in the launch, or one split when the partial buffers are short.
+VARIANTS = {
+    "like-triton": (tree_attention.TRITON_KEY_TILE, True),
+    "splits": (tree_attention.FAST_KEY_TILE, False),
+    "one-split": (tree_attention.FAST_KEY_TILE, True),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128)])
+def test_the_tree_fixup_compiles(variant, dtype, heads, kv_heads, head_dim):
+    kernel = tree_attention._tree_rows_attention
+    types = dict(
+        Q=f"*{dtype}",
+        K=f"*{dtype}",
+        V=f"*{dtype}",
+        Out=f"*{dtype}",
+        BlockTable="*i32",
+        QueryStart="*i32",
+        SeqLens="*i32",
+        Ancestors="*i64",
+        NeedsFix="*i64",
+        PartAcc="*fp32",
+        PartMax="*fp32",
+        PartSum="*fp32",
+        Counters="*i32",
+        scale="fp32",
+    )
+    group = heads // kv_heads
+    rows = triton.next_power_of_2(17)
+    key_tile, direct = VARIANTS[variant]
+    constexprs = dict(
+        GROUP=group,
+        GROUP_PAD=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim,
+        PAGE=16,
+        ROWS=rows,
+        KEY_TILE=key_tile,
+        DIRECT=direct,
+    )
+    warps = 8 if rows * constexprs["GROUP_PAD"] * head_dim >= 128 * 128 else 4
+    assert compiled(kernel, types, constexprs, num_warps=warps).asm["cubin"]
+
+
+def test_the_kv_move_compiles():
+    types = dict(CachePtrs="*i64", SlotMapping="*i64", QueryStart="*i32", Paths="*i64")
+    types["NumAccepted"] = "*i64"
+    constexprs = dict(PAGE=16, KV_HEADS=8, HEADS_PAD=8, ROW=256, ROW_PAD=256, DTYPE=tl.bfloat16)
+    assert compiled(kv_move._move_paths, types, constexprs).asm["cubin"]
