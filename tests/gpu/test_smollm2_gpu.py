@@ -4,11 +4,15 @@ gives exactly the target's own greedy tokens.
 The toy pairs of test_engine_gpu.py have one KV head of 32 dims, four layers and the trees
 a toy drafter grows; this pair has 9 query heads on 3 KV heads (a group of 3), 64 dims,
 30 layers, prompts that share a chat template, the deep, branching trees of a trained
-drafter, and greedy choices with near-ties that any difference in rounding flips. float32
-runs vLLM's Triton backend and the plugin's fix-up kernel: its rows must round as the
-stock kernel's do (TF32 products, as vLLM's Triton attention computes them; with IEEE
-products this test failed on the H200, 2026-12-02). Needs DOMINOTREE_SMOLLM2
-(scripts/gpu_jobs.sh converts the GGUF).
+drafter, and greedy choices with near-ties that any difference in rounding flips.
+
+float32 runs vLLM's Triton backend, whose products are TF32 by Triton's default, and whose
+decoding (its 3D kernel, 16-key tiles in segments) and verification (its 2D kernel, 32-key
+tiles) round apart: under TF32 even the plugin's chain, every row of it the stock
+kernel's, left this pair's output on the H200 (2026-12-02), as any speculative method's
+verified rows would. Exact float32 means IEEE products, so every engine here, the target
+alone included, runs with TRITON_F32_DEFAULT=ieee (vLLM's kernels and the plugin's alike).
+Needs DOMINOTREE_SMOLLM2 (scripts/gpu_jobs.sh converts the GGUF).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .sharing import engine_memory, run_engine, smollm2_prompts
 
 NUM_PROMPTS = 32
 MAX_TOKENS = 96
+IEEE = {"TRITON_F32_DEFAULT": "ieee"}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,7 @@ def generate(pair, speculative_config, **engine):
         prompts,
         params,
         speculative_config,
+        IEEE,
         dtype="float32",
         max_model_len=2048,
         **engine_memory(kv_gib=2),
@@ -76,8 +82,8 @@ def test_greedy_float32_equals_the_target_alone(pair, expected, scorer, engine):
 
 def test_recomputed_rows_are_right_up_to_rounding(pair):
     """Eager, with DOMINOTREE_CHECK_TREE_ATTENTION=1: every row the fix-up recomputed, in
-    every layer of every step, against the dense float32 reference (wrong rows, not
-    rounding, would show as errors far above TF32's)."""
+    every layer of every step, against the dense float32 reference: IEEE rounding apart,
+    where a wrong row would be off by 0.1 and more."""
     from vllm import SamplingParams
 
     target, prompts = pair
@@ -87,7 +93,7 @@ def test_recomputed_rows_are_right_up_to_rounding(pair):
         prompts[:8],
         SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
         config,
-        {"DOMINOTREE_CHECK_TREE_ATTENTION": "1"},
+        {"DOMINOTREE_CHECK_TREE_ATTENTION": "1", **IEEE},
         dtype="float32",
         max_model_len=2048,
         enforce_eager=True,
@@ -96,4 +102,4 @@ def test_recomputed_rows_are_right_up_to_rounding(pair):
     check = stats["tree_attention_check"]
     print("tree attention check", check, stats["tree_attention"])
     assert stats["tree_attention"] == "fixup" and check["rows"] > 0
-    assert check["max_error"] < 2e-2, check
+    assert check["max_error"] < 1e-3, check

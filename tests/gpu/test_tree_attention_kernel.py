@@ -16,12 +16,18 @@ from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention
 # (heads, KV heads, head dim): Qwen3-4B's, and SmolLM2-135M's (a group of 3, padded to 4
 # in the kernel's query tile; 4 warps where Qwen's takes 8).
 SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}
+# float32 inputs multiply at Triton's default precision, TF32 (10-bit mantissa), as vLLM's
+# Triton attention does: errors against the IEEE reference reach 2.6e-3 on the H200
+# (2026-12-03); a wrong mask, split or merge gives errors of order 0.1 and more.
+FLOAT32_TOLERANCE = 5e-3
 
 
 @pytest.mark.parametrize("seed", range(4))
 # key splits + merge / one split / one split in vLLM's Triton tiles
 @pytest.mark.parametrize("capacity, like_triton", [(4096, False), (8, False), (4096, True)])
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-3), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize(
+    "dtype, tolerance", [(torch.float32, FLOAT32_TOLERANCE), (torch.bfloat16, 3e-2)]
+)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_kernel_matches_dense_reference(seed, capacity, like_triton, dtype, tolerance, shape):
     heads, kv_heads, head_dim = SHAPES[shape]
@@ -62,5 +68,5 @@ def test_one_kernel_over_successive_layers(shape):
         assert fixed.any(), layer  # (these seeds draw branching trees)
         error = (got[fixed] - want[fixed]).abs().max().item()
         print(f"{shape} layer {layer}: max error {error:.2e} over {int(fixed.sum())} rows")
-        assert error < 2e-3, layer
+        assert error < FLOAT32_TOLERANCE, layer
     assert not kernel.counters.any()
