@@ -78,6 +78,8 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs):
             "build_ms_median": 1e3 * statistics.median(times),
             "build_ms_p90": 1e3 * sorted(times)[int(0.9 * len(times))],
             "prepare_ms_median": 1e3 * statistics.median(prepare_times),
+            # the scorer's per-node step (packages before the Triton step name none)
+            "step": getattr(scorer, "step", "torch"),
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
@@ -146,6 +148,7 @@ def main() -> None:
         "budget",
         "M",
         "builder",
+        "node step",
         "build ms (median)",
         "p90",
         "prepare ms",
@@ -157,6 +160,7 @@ def main() -> None:
             r["budget"],
             r["candidates"],
             r["builder"],
+            r["step"],
             f"{r['build_ms_median']:.3f}",
             f"{r['build_ms_p90']:.3f}",
             f"{r['prepare_ms_median']:.3f}",

@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from vllm_dominotree.kernels import kv_move, path_build, tree_attention
+from vllm_dominotree.kernels import domino_step, kv_move, path_build, tree_attention
 
 H200 = GPUTarget("cuda", 90, 32)
 
@@ -100,3 +100,29 @@ def test_the_kv_move_compiles():
     types["NumAccepted"] = "*i64"
     constexprs = dict(PAGE=16, KV_HEADS=8, HEADS_PAD=8, ROW=256, ROW_PAD=256, DTYPE=tl.bfloat16)
     assert compiled(kv_move._move_paths, types, constexprs).asm["cubin"]
+
+
+# (hidden, GRU, correction rank): the released Qwen3-4B drafter's, the shipped SmolLM2's
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("hidden, gru, rank", [(2560, 1024, 256), (576, 256, 48)])
+def test_the_domino_step_compiles(dtype, hidden, gru, rank):
+    precision = "ieee" if dtype == "fp32" else "tf32"
+    tiles = dict(ROWS=domino_step.ROWS_BLOCK, UNITS=domino_step.UNITS_BLOCK, K=domino_step.K_BLOCK)
+    rows = dict(Tokens="*i64", Req="*i64", Parent="*i64", Node="*i64", Depth="*i64")
+    weights = dict(Embed=f"*{dtype}", States=f"*{dtype}", W_ih=f"*{dtype}", W_hh=f"*{dtype}")
+    gru_step = compiled(
+        domino_step._gru_step,
+        {**rows, **weights},
+        dict(H=hidden, G=gru, PRECISION=precision, **tiles),
+    )
+    assert gru_step.asm["cubin"]
+    types = dict(rows, States=f"*{dtype}", HidPart=f"*{dtype}", W_s=f"*{dtype}", U="*fp32")
+    correction = compiled(
+        domino_step._correction_input, types, dict(G=gru, E=rank, PRECISION=precision, **tiles)
+    )
+    assert correction.asm["cubin"]
+    types = dict(rows, U="*fp32", ProjRows=f"*{dtype}", Base=f"*{dtype}", Cand="*i64")
+    types.update(Values="*fp64", Tokens="*i64")
+    e_step = min(domino_step.E_BLOCK, triton.next_power_of_2(rank))
+    constexprs = dict(E=rank, M=64, C=16, M_PAD=64, E_STEP=e_step)
+    assert compiled(domino_step._top_children, types, constexprs).asm["cubin"]

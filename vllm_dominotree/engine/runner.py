@@ -85,6 +85,9 @@ class DominoTreeStats:
     # How the target's attention computed the tree rows (config.attention_mode):
     # "paths" (FA3 over path requests), "fixup" (the Triton tree kernel) or "cpu".
     tree_attention: str = ""
+    # How the scorer computes a node's children (tree/scorers.py): "triton" (three
+    # launches per pop, CUDA), "torch" (CPU; the whole vocabulary) or "table" (marginal).
+    scorer_step: str = ""
 
     @property
     def mean_accept_length(self) -> float:
@@ -225,6 +228,7 @@ class DominoTreeRunnerMixin:
             if self._verification.paths is not None
             else "fixup"
         )
+        self._stats.scorer_step = self.drafter.scorer.step
         # Tensor parallelism: the ranks' trees agree.
         self._rank_check = make_rank_check(self.device)
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures

@@ -75,6 +75,7 @@ class MarginalScorer:
         self.max_children = min(max_children, vocab)
         self.max_requests = max_requests
         self.step_rows = 1
+        self.step = "table"  # children are read from the per-depth tables
         self.zero_slot = self.scratch_slot = 0  # node state slots: marginals keep none
         r, k, c = max_requests, num_drafts, self.max_children
         self.logprobs = torch.zeros(r, k, c, device=device, dtype=torch.float64)  # top-C per depth
@@ -135,7 +136,10 @@ class ConditionalScorer:
         candidates: int,
         max_children: int,
         prefix_len: int,
+        kernels: bool | None = None,
     ):
+        """kernels: the per-node step as Triton launches (default: on CUDA, with a top-M
+        restriction; tests run them on CPU under Triton's interpreter)."""
         vocab, emb_dim = head.proj_out.shape
         device, dtype = head.proj_out.device, head.proj_out.dtype
         self.head = head
@@ -161,8 +165,21 @@ class ConditionalScorer:
         if self.restricted:
             self.cand = torch.zeros(r, k, m, device=device, dtype=torch.long)
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
-        self._children = compiled(self._children_rows, device)
         self._chain = compiled(self._chain_rows, device)
+        # The per-node step: three Triton launches (kernels/domino_step.py) on CUDA with a
+        # top-M restriction; the torch step below elsewhere (CPU, where it costs less than
+        # launches; the whole vocabulary). `step` names it in the engine's stats.
+        if kernels is None:
+            kernels = device.type == "cuda" and self.restricted
+        if kernels and not self.restricted:
+            raise ValueError("the Triton step needs a top-M restriction (candidates < vocab)")
+        self.step = "triton" if kernels else "torch"
+        if kernels:
+            from ..kernels.domino_step import DominoStep
+
+            self._children = DominoStep(self, max_requests)
+        else:
+            self._children = compiled(self._children_rows, device)
 
     @torch.no_grad()
     def prepare(self, hidden: torch.Tensor, base_logits: torch.Tensor) -> None:

@@ -1,0 +1,200 @@
+"""Domino's per-node step on CUDA in three launches, for the best-first builders.
+
+A pop of the build asks the conditional scorer for the children of one new node per
+request (tree/scorers.py): the GRU's update over the node's token, the correction of its
+depth's top-M candidates, their log-softmax and the top C. As torch code that is about
+fifteen small kernels per pop (two cuBLAS products, the gates, gathers and scatters,
+Inductor's reductions), each a few microseconds on the H200 and dependent on the last:
+launches and their gaps, not bytes, bound a pop. Here it is three:
+
+- `_gru_step`: both GRU products and the gates for a block of hidden units, every row
+  at once (the n gate takes r x (W_hn h), so the two products stay apart inside the
+  program) -> the node's state, in the scorer's state table.
+- `_correction_input`: u = silu(W_h h_d + W_s S) for a block of the correction's rank.
+- `_top_children`: per row, the correction on the M candidates, the log-softmax, and
+  the top C (best first, equal values in candidate order, as the torch step's ranks).
+
+Every product accumulates in float32 (IEEE for float32 drafters, where tensor cores
+would round to TF32). A row's arithmetic does not depend on the other rows, and both
+builders (the device builder and the host heap, tree/builder.py) call this same step
+on the same padded row count, so their trees stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ROWS_BLOCK = 16  # rows per program of the two products (tensor-core tiles: >= 16)
+UNITS_BLOCK = 16  # GRU hidden units, or correction-rank entries, per program
+K_BLOCK = 64  # reduction width per step of the products
+E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
+
+
+@triton.jit
+def _dot_rows(acc, X, rows_live, W, w_row, w_stride, width, PRECISION: tl.constexpr,
+              ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr):  # fmt: skip
+    """acc [ROWS, UNITS] += X[rows, :width] @ W[w_row + units, :width]^T, where
+    X: [ROWS] row pointers and w_row: [UNITS] weight rows (masked: -1 is none)."""
+    k = tl.arange(0, K)
+    for k0 in range(0, width, K):
+        kk = k0 + k
+        x = tl.load(X[:, None] + kk[None, :], mask=rows_live[:, None] & (kk < width)[None, :],
+                    other=0.0)
+        w = tl.load(W + w_row[None, :] * w_stride + kk[:, None],
+                    mask=(w_row >= 0)[None, :] & (kk < width)[:, None], other=0.0)
+        acc = tl.dot(x, w, acc, input_precision=PRECISION)
+    return acc
+
+
+# Row counts and the prefix length are not specialized on (Triton compiles a variant for
+# a value of 1 or a multiple of 16): the builders' graphs compile one per kernel at start.
+@triton.jit(do_not_specialize=["rows"])
+def _gru_step(
+    Tokens, Req, Parent, Node, Embed, States, W_ih, W_hh,
+    rows, embed_stride, state_req_stride, state_slot_stride,
+    H: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
+    ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
+):  # fmt: skip
+    p = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    live = p < rows
+    token = tl.load(Tokens + p, mask=live, other=0)
+    req = tl.load(Req + p, mask=live, other=0)
+    state_row = req * state_req_stride
+    parent = States + state_row + tl.load(Parent + p, mask=live, other=0) * state_slot_stride
+    node = States + state_row + tl.load(Node + p, mask=live, other=0) * state_slot_stride
+    j = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
+    unit = tl.where(j < G, j, -1)
+    gate = tl.where(j < G, G, 0)  # the next gate's rows (none past the units)
+    x = Embed + token * embed_stride
+    zero = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+    # gate order r, z, n (torch.nn.GRU's); no biases
+    i_r = _dot_rows(zero, x, live, W_ih, unit, H, H, PRECISION, ROWS, UNITS, K)
+    i_z = _dot_rows(zero, x, live, W_ih, unit + gate, H, H, PRECISION, ROWS, UNITS, K)
+    i_n = _dot_rows(zero, x, live, W_ih, unit + 2 * gate, H, H, PRECISION, ROWS, UNITS, K)
+    h_r = _dot_rows(zero, parent, live, W_hh, unit, G, G, PRECISION, ROWS, UNITS, K)
+    h_z = _dot_rows(zero, parent, live, W_hh, unit + gate, G, G, PRECISION, ROWS, UNITS, K)
+    h_n = _dot_rows(zero, parent, live, W_hh, unit + 2 * gate, G, G, PRECISION, ROWS, UNITS, K)
+    r = tl.sigmoid(i_r + h_r)
+    z = tl.sigmoid(i_z + h_z)
+    n = 2.0 * tl.sigmoid(2.0 * (i_n + r * h_n)) - 1.0  # tanh
+    cell = live[:, None] & (j < G)[None, :]
+    h = tl.load(parent[:, None] + j[None, :], mask=cell, other=0.0).to(tl.float32)
+    new = (1.0 - z) * n + z * h
+    tl.store(node[:, None] + j[None, :], new.to(States.dtype.element_ty), mask=cell)
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _correction_input(
+    Req, Node, Depth, States, HidPart, W_s, U,
+    rows, state_req_stride, state_slot_stride, hid_req_stride, hid_depth_stride, w_s_stride,
+    G: tl.constexpr, E: tl.constexpr, PRECISION: tl.constexpr,
+    ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
+):  # fmt: skip
+    p = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    live = p < rows
+    req = tl.load(Req + p, mask=live, other=0)
+    node = tl.load(Node + p, mask=live, other=0)
+    depth = tl.load(Depth + p, mask=live, other=0)
+    state = States + req * state_req_stride + node * state_slot_stride
+    e = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
+    zero = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+    acc = _dot_rows(zero, state, live, W_s, tl.where(e < E, e, -1), w_s_stride, G, PRECISION,
+                    ROWS, UNITS, K)  # fmt: skip
+    cell = live[:, None] & (e < E)[None, :]
+    hid = HidPart + (req * hid_req_stride + depth * hid_depth_stride)[:, None] + e[None, :]
+    u = acc + tl.load(hid, mask=cell, other=0.0).to(tl.float32)
+    tl.store(U + p[:, None] * E + e[None, :], u * tl.sigmoid(u), mask=cell)
+
+
+@triton.jit(do_not_specialize=["prefix_len"])
+def _top_children(
+    Req, Depth, U, ProjRows, Base, Cand, Values, Tokens,
+    prefix_len, rows_req_stride, rows_depth_stride, base_req_stride, base_depth_stride,
+    E: tl.constexpr, M: tl.constexpr, C: tl.constexpr, M_PAD: tl.constexpr,
+    E_STEP: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    req = tl.load(Req + row)
+    depth = tl.load(Depth + row)
+    m = tl.arange(0, M_PAD)
+    valid = m < M
+    proj = ProjRows + req * rows_req_stride + depth * rows_depth_stride + m[:, None] * E
+    corr = tl.zeros([M_PAD], dtype=tl.float32)
+    for e0 in range(0, E, E_STEP):
+        e = e0 + tl.arange(0, E_STEP)
+        u = tl.load(U + row * E + e, mask=e < E, other=0.0)
+        w = tl.load(proj + e[None, :], mask=valid[:, None] & (e < E)[None, :], other=0.0)
+        corr += tl.sum(w.to(tl.float32) * u[None, :], axis=1)
+    table = req * base_req_stride + depth * base_depth_stride  # this row's [M] entries
+    base = tl.load(Base + table + m, mask=valid, other=0.0).to(tl.float32)
+    logits = base + tl.where(depth >= prefix_len, corr, 0.0)
+    logits = tl.where(valid, logits, float("-inf"))
+    shifted = logits - tl.max(logits, axis=0)
+    logprobs = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
+    # The top C, best first; equal values in candidate order (argmax's first index).
+    for c in range(C):
+        best = tl.argmax(logprobs, axis=0, tie_break_left=True)
+        value = tl.max(logprobs, axis=0)
+        tl.store(Values + row * C + c, value.to(tl.float64))
+        tl.store(Tokens + row * C + c, tl.load(Cand + table + best))
+        logprobs = tl.where(m == best, float("-inf"), logprobs)
+
+
+class DominoStep:
+    """The conditional scorer's per-node step as three launches (CUDA, restricted to the
+    top-M candidates). Buffers and weights are the scorer's own; one call writes the
+    nodes' states and returns the children (log-probs [p, C] float64, tokens [p, C])."""
+
+    def __init__(self, scorer, max_rows: int):
+        head = scorer.head
+        self.scorer = scorer
+        self.w_ih, self.w_hh = head.w_ih.contiguous(), head.w_hh.contiguous()
+        self.w_s = scorer.w_state  # [E, G], a view of embed_proj.0 (row stride H + G)
+        self.hidden, self.gru = head.w_ih.shape[1], head.w_hh.shape[1]
+        self.rank = self.w_s.shape[0]
+        # float32 drafters multiply in IEEE float32 (tensor cores would round to TF32)
+        self.precision = "ieee" if head.w_ih.dtype == torch.float32 else "tf32"
+        device = head.w_ih.device
+        c = scorer.max_children
+        self.u = torch.zeros(max_rows, self.rank, device=device, dtype=torch.float32)
+        self.values = torch.zeros(max_rows, c, device=device, dtype=torch.float64)
+        self.tokens = torch.zeros(max_rows, c, device=device, dtype=torch.long)
+        # The kernels index the scorer's tables by their strides, the candidates' with the
+        # base logits' (the same [R, K, M] shape).
+        tables = (scorer.proj_rows, scorer.base, scorer.cand, scorer.states, scorer.hid_part)
+        assert all(t.is_contiguous() for t in tables) and scorer.cand.shape == scorer.base.shape
+        assert self.w_s.stride(1) == 1 and scorer.embed_tokens.stride(1) == 1
+
+    def __call__(self, req, node, parent, token, depth) -> tuple[torch.Tensor, torch.Tensor]:
+        """[p] rows each (the scorer's `children`); the kernels read them contiguous."""
+        req, node, parent, token, depth = (
+            t.contiguous() for t in (req, node, parent, token, depth)
+        )
+        s = self.scorer
+        p = req.shape[0]
+        blocks = triton.cdiv(p, ROWS_BLOCK)
+        states = s.states
+        _gru_step[(triton.cdiv(self.gru, UNITS_BLOCK), blocks)](
+            token, req, parent, node, s.embed_tokens, states, self.w_ih, self.w_hh,
+            p, s.embed_tokens.stride(0), states.stride(0), states.stride(1),
+            H=self.hidden, G=self.gru, PRECISION=self.precision,
+            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK,
+        )  # fmt: skip
+        _correction_input[(triton.cdiv(self.rank, UNITS_BLOCK), blocks)](
+            req, node, depth, states, s.hid_part, self.w_s, self.u,
+            p, states.stride(0), states.stride(1), s.hid_part.stride(0), s.hid_part.stride(1),
+            self.w_s.stride(0),
+            G=self.gru, E=self.rank, PRECISION=self.precision,
+            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK,
+        )  # fmt: skip
+        c = s.max_children
+        _top_children[(p,)](
+            req, depth, self.u, s.proj_rows, s.base, s.cand, self.values, self.tokens,
+            s.prefix_len, s.proj_rows.stride(0), s.proj_rows.stride(1),
+            s.base.stride(0), s.base.stride(1),
+            E=self.rank, M=s.width, C=c, M_PAD=triton.next_power_of_2(s.width),
+            E_STEP=min(E_BLOCK, triton.next_power_of_2(self.rank)),
+        )  # fmt: skip
+        return self.values[:p], self.tokens[:p]

@@ -1,0 +1,114 @@
+"""Checks of Domino's per-node step in Triton (kernels/domino_step.py), run on the CPU under
+Triton's interpreter (test_domino_step.py) and compiled on the H200 (tests/gpu): the
+kernels against the torch step, and the builders' trees with the kernels."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_dominotree.demo.toy_pair import random_domino_head
+from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees
+from vllm_dominotree.tree.scorers import ConditionalScorer
+
+
+def prepared_scorers(head, embed, *, requests, depth, budget, candidates, children, seed):
+    """The torch and the Triton step's scorers, prepared from the same drafter outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    device, dtype = embed.device, embed.dtype
+    hidden = torch.randn(requests, depth, head.hidden_size, generator=gen).to(dtype).to(device)
+    base = (3 * torch.randn(requests, depth, embed.shape[0], generator=gen)).to(dtype).to(device)
+    scorers = []
+    for kernels in (False, True):
+        scorer = ConditionalScorer(
+            head,
+            embed,
+            max_requests=requests,
+            num_drafts=depth,
+            budget=budget,
+            candidates=candidates,
+            max_children=children,
+            prefix_len=1,
+            kernels=kernels,
+        )
+        scorer.prepare(hidden, base)
+        scorers.append(scorer)
+    return scorers
+
+
+def check_step_matches_torch(
+    hidden, gru, rank, vocab, candidates, requests, dtype, tolerance, device="cpu"
+):
+    """Three generations of nodes (the root's children, then a child's, then a
+    grandchild's, each row on its own path and depth) through both steps, every
+    candidate a child: the same states and log-probs up to the tolerance. In float32 the
+    same tokens in the same order (ties, at depth 0, in candidate order); in bfloat16,
+    where the torch step rounds its products and gates to bfloat16 and near-ties may
+    swap, each token the kernels rank c-th has the torch step's c-th log-prob up to the
+    tolerance."""
+    device = torch.device(device)
+    head = random_domino_head(
+        hidden=hidden, vocab=vocab, gru_hidden=gru, emb_dim=rank, device=device, dtype=dtype,
+        seed=3,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(4)
+    embed = torch.randn(vocab, hidden, generator=gen).to(dtype).to(device)
+    torch_step, triton_step = prepared_scorers(
+        head, embed, requests=requests, depth=4, budget=6, candidates=candidates,
+        children=candidates, seed=5,
+    )  # fmt: skip
+    assert triton_step.step == "triton" and torch_step.step == "torch"
+    for scorer in (torch_step, triton_step):  # depth 0 is uncorrected: ties, in index order
+        scorer.base[:, 0] = scorer.base[:, 0].round()
+    req = torch.arange(requests, device=device)
+    parent = torch.full_like(req, torch_step.zero_slot)
+    token = torch.randint(0, vocab, (requests,), generator=gen).to(device)
+    for generation in range(3):
+        node = torch.full_like(req, generation)
+        depth = (req + generation) % 4  # rows at different depths (depth 0: uncorrected)
+        want_values, want_tokens = torch_step.children(req, node, parent, token, depth)
+        values, tokens = triton_step.children(req, node, parent, token, depth)
+        states = triton_step.states[req, node].float()
+        state_error = (states - torch_step.states[req, node].float()).abs().max().item()
+        value_error = (values - want_values).abs().max().item()
+        print(f"generation {generation}: states {state_error:.1e}, log-probs {value_error:.1e}")
+        assert state_error < tolerance and value_error < tolerance
+        assert values.dtype == torch.float64
+        if dtype == torch.float32:
+            assert torch.equal(tokens, want_tokens)
+        else:  # the torch step's log-prob of each token the kernels picked
+            order = want_tokens.argsort(1)
+            at = torch.searchsorted(want_tokens.gather(1, order), tokens)
+            theirs = want_values.gather(1, order.gather(1, at))
+            assert torch.equal(want_tokens.gather(1, order.gather(1, at)), tokens)
+            assert (theirs - want_values).abs().max().item() < tolerance
+        # the next generation: each row's second child, from the torch step's states
+        parent, token = node, tokens[:, 1]
+        triton_step.states[req, node] = torch_step.states[req, node]
+
+
+def check_trees_equal_heap(seed: int) -> None:
+    """The device builder and the host heap on the Triton step: the same trees, bit for
+    bit (float64 scores, pop order), ties in the marginals included."""
+    gen = torch.Generator().manual_seed(300 + seed)
+    budget = int(torch.randint(1, 20, (1,), generator=gen))
+    children = int(torch.randint(1, 5, (1,), generator=gen))
+    shape = TreeShape(budget=budget, max_depth=5, max_children=children, spine=bool(seed % 2))
+    requests = int(torch.randint(1, 6, (1,), generator=gen))
+    vocab, hidden = 40, 24
+    head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)
+    embed = torch.randn(vocab, hidden, generator=gen)
+    _, scorer = prepared_scorers(
+        head, embed, requests=8, depth=5, budget=budget, candidates=16, children=children,
+        seed=seed,
+    )  # fmt: skip
+    if seed % 3 == 0:  # ties
+        scorer.base.copy_(scorer.base.round())
+    anchors = torch.randint(0, vocab, (requests,), generator=gen).tolist()
+    host = build_trees(scorer, anchors, shape)
+    builder = DeviceTreeBuilder(
+        scorer, shape, chain=False, max_requests=8, device=torch.device("cpu")
+    )
+    device = builder.build(torch.tensor(anchors))
+    fields = [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in host]
+    assert fields == [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in device]
+    assert all(t.num_nodes > 1 for t in host)

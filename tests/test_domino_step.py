@@ -1,0 +1,48 @@
+"""Domino's per-node step as three Triton launches (kernels/domino_step.py), on the CPU
+under Triton's interpreter, in float32: the torch step's states, log-probs and tokens,
+and the host heap's trees from the device builder. (The interpreter multiplies bfloat16
+tiles wrongly in Triton 3.9, so bfloat16 is checked on the H200: tests/gpu.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from interpreter import run_interpreted
+
+from vllm_dominotree.demo.toy_pair import random_domino_head
+from vllm_dominotree.tree.scorers import ConditionalScorer
+
+CHECKS = """
+import torch
+from domino_step_checks import check_step_matches_torch, check_trees_equal_heap
+
+# (hidden, GRU, rank, vocabulary, candidates, rows): tiles cut at every edge (hidden not a
+# multiple of the reduction step, GRU and rank not of the unit block, a rank below it,
+# candidates not a power of two, two row blocks)
+for shape in [(72, 40, 24, 300, 64, 5), (40, 16, 8, 50, 49, 3), (24, 20, 36, 120, 32, 20)]:
+    check_step_matches_torch(*shape, torch.float32, 1e-4)
+for seed in range(6):
+    check_trees_equal_heap(seed)
+print("ok")
+"""
+
+
+def test_triton_step_matches_torch_and_builds_the_heaps_trees():
+    out = run_interpreted(CHECKS)
+    assert out.count("generation") == 9
+
+
+def test_triton_step_needs_a_top_m_restriction():
+    head = random_domino_head(hidden=16, vocab=30, gru_hidden=8, emb_dim=4)
+    with pytest.raises(ValueError, match="top-M restriction"):
+        ConditionalScorer(
+            head,
+            torch.zeros(30, 16),
+            max_requests=2,
+            num_drafts=3,
+            budget=4,
+            candidates=30,
+            max_children=2,
+            prefix_len=1,
+            kernels=True,
+        )
