@@ -6,13 +6,16 @@ Random Domino head of the released Qwen3-4B b16 shapes (hidden 2560, vocab 15193
 GRU 1024, rank 256, 16 drafts), random drafter outputs, conditional scorer. A round's
 build time is prepare (per-depth top-M, gathers) + the build until every tree is full and
 back on the host, measured with device syncs. Per configuration it also checks that the
-device builder's trees are the host heap's (tokens, parents, float64 scores). Writes
-builder_bench.json and builder_bench.md.
+device builder's trees are the host heap's (tokens, parents, float64 scores).
+`--steps torch triton` measures both of the scorer's per-node steps (the compiled torch
+step, kernels/domino_step.py's launches) in one run. Writes builder_bench.json and
+builder_bench.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -38,8 +41,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def measure(head, embed, device, batch, budget, candidates, rounds, inputs):
-    """Both builders on the same inputs -> {builder: stats}, trees equal."""
+def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step):
+    """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton")
+    -> {builder: stats}, trees equal."""
     shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
     scorer = make_scorer(
         "conditional",
@@ -49,7 +53,10 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs):
         candidates=candidates,
         prefix_len=1,
         max_requests=batch,
+        # (packages before the Triton step know only the torch step, and no `kernels`)
+        **({"kernels": True} if step == "triton" else {}),
     )
+    assert getattr(scorer, "step", "torch") == step
     builder = DeviceTreeBuilder(scorer, shape, chain=False, max_requests=batch, device=device)
     if device.type == "cuda":
         builder.capture()
@@ -78,8 +85,7 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs):
             "build_ms_median": 1e3 * statistics.median(times),
             "build_ms_p90": 1e3 * sorted(times)[int(0.9 * len(times))],
             "prepare_ms_median": 1e3 * statistics.median(prepare_times),
-            # the scorer's per-node step (packages before the Triton step name none)
-            "step": getattr(scorer, "step", "torch"),
+            "step": step,
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
@@ -99,6 +105,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 64])
     parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--candidates", type=int, nargs="+", default=[32, 64, 128])
+    # the scorer's per-node step: the compiled torch step, the Triton launches (CUDA)
+    parser.add_argument("--steps", nargs="+", default=["torch"], choices=["torch", "triton"])
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -116,8 +124,8 @@ def main() -> None:
             anchors = torch.randint(0, VOCAB, (batch,), device=device)
             inputs.append((hidden, base, anchors))
         for budget in args.budgets:
-            for m in args.candidates:
-                stats = measure(head, embed, device, batch, budget, m, args.rounds, inputs)
+            for m, step in itertools.product(args.candidates, args.steps):
+                stats = measure(head, embed, device, batch, budget, m, args.rounds, inputs, step)
                 for name in BUILDERS:
                     row = {
                         "batch": batch,

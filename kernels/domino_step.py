@@ -28,24 +28,36 @@ import triton.language as tl
 
 ROWS_BLOCK = 16  # rows per program of the two products (tensor-core tiles: >= 16)
 UNITS_BLOCK = 16  # GRU hidden units, or correction-rank entries, per program
-K_BLOCK = 64  # reduction width per step of the products
+K_BLOCK = 256  # reduction width per step of the products (few, large loads in flight)
 E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
 
 
 @triton.jit
-def _dot_rows(acc, X, rows_live, W, w_row, w_stride, width, PRECISION: tl.constexpr,
-              ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr):  # fmt: skip
-    """acc [ROWS, UNITS] += X[rows, :width] @ W[w_row + units, :width]^T, where
-    X: [ROWS] row pointers and w_row: [UNITS] weight rows (masked: -1 is none)."""
+def _products(X, rows_live, W, unit, gate, w_stride, width, GATES: tl.constexpr,
+              PRECISION: tl.constexpr, ROWS: tl.constexpr, UNITS: tl.constexpr,
+              K: tl.constexpr):  # fmt: skip
+    """X[rows, :width] @ W[g * gate + unit, :width]^T for the first GATES of g = 0, 1, 2
+    -> three [ROWS, UNITS] float32 (zeros past GATES). X: [ROWS] row pointers; unit:
+    [UNITS] weight rows (-1: none). One pass over the reduction: each step loads the
+    rows once and the gates' weight tiles together, contiguous along the reduction."""
+    first = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+    second = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+    third = tl.zeros([ROWS, UNITS], dtype=tl.float32)
     k = tl.arange(0, K)
     for k0 in range(0, width, K):
         kk = k0 + k
         x = tl.load(X[:, None] + kk[None, :], mask=rows_live[:, None] & (kk < width)[None, :],
-                    other=0.0)
-        w = tl.load(W + w_row[None, :] * w_stride + kk[:, None],
-                    mask=(w_row >= 0)[None, :] & (kk < width)[:, None], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=PRECISION)
-    return acc
+                    other=0.0)  # fmt: skip
+        w = W + unit[:, None] * w_stride + kk[None, :]  # [UNITS, K]
+        cols = (unit >= 0)[:, None] & (kk < width)[None, :]
+        tile = tl.load(w, mask=cols, other=0.0)
+        first = tl.dot(x, tl.trans(tile), first, input_precision=PRECISION)
+        if GATES == 3:
+            tile = tl.load(w + gate * w_stride, mask=cols, other=0.0)
+            second = tl.dot(x, tl.trans(tile), second, input_precision=PRECISION)
+            tile = tl.load(w + 2 * gate * w_stride, mask=cols, other=0.0)
+            third = tl.dot(x, tl.trans(tile), third, input_precision=PRECISION)
+    return first, second, third
 
 
 # Row counts and the prefix length are not specialized on (Triton compiles a variant for
@@ -65,17 +77,11 @@ def _gru_step(
     parent = States + state_row + tl.load(Parent + p, mask=live, other=0) * state_slot_stride
     node = States + state_row + tl.load(Node + p, mask=live, other=0) * state_slot_stride
     j = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
-    unit = tl.where(j < G, j, -1)
-    gate = tl.where(j < G, G, 0)  # the next gate's rows (none past the units)
+    unit = tl.where(j < G, j, -1)  # a gate's rows; the next gate's are G further
     x = Embed + token * embed_stride
-    zero = tl.zeros([ROWS, UNITS], dtype=tl.float32)
     # gate order r, z, n (torch.nn.GRU's); no biases
-    i_r = _dot_rows(zero, x, live, W_ih, unit, H, H, PRECISION, ROWS, UNITS, K)
-    i_z = _dot_rows(zero, x, live, W_ih, unit + gate, H, H, PRECISION, ROWS, UNITS, K)
-    i_n = _dot_rows(zero, x, live, W_ih, unit + 2 * gate, H, H, PRECISION, ROWS, UNITS, K)
-    h_r = _dot_rows(zero, parent, live, W_hh, unit, G, G, PRECISION, ROWS, UNITS, K)
-    h_z = _dot_rows(zero, parent, live, W_hh, unit + gate, G, G, PRECISION, ROWS, UNITS, K)
-    h_n = _dot_rows(zero, parent, live, W_hh, unit + 2 * gate, G, G, PRECISION, ROWS, UNITS, K)
+    i_r, i_z, i_n = _products(x, live, W_ih, unit, G, H, H, 3, PRECISION, ROWS, UNITS, K)
+    h_r, h_z, h_n = _products(parent, live, W_hh, unit, G, G, G, 3, PRECISION, ROWS, UNITS, K)
     r = tl.sigmoid(i_r + h_r)
     z = tl.sigmoid(i_z + h_z)
     n = 2.0 * tl.sigmoid(2.0 * (i_n + r * h_n)) - 1.0  # tanh
@@ -99,9 +105,9 @@ def _correction_input(
     depth = tl.load(Depth + p, mask=live, other=0)
     state = States + req * state_req_stride + node * state_slot_stride
     e = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
-    zero = tl.zeros([ROWS, UNITS], dtype=tl.float32)
-    acc = _dot_rows(zero, state, live, W_s, tl.where(e < E, e, -1), w_s_stride, G, PRECISION,
-                    ROWS, UNITS, K)  # fmt: skip
+    rank_row = tl.where(e < E, e, -1)
+    acc, _, _ = _products(state, live, W_s, rank_row, 0, w_s_stride, G, 1, PRECISION, ROWS,
+                          UNITS, K)  # fmt: skip
     cell = live[:, None] & (e < E)[None, :]
     hid = HidPart + (req * hid_req_stride + depth * hid_depth_stride)[:, None] + e[None, :]
     u = acc + tl.load(hid, mask=cell, other=0.0).to(tl.float32)

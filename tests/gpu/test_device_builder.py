@@ -41,18 +41,22 @@ def step_inputs(requests: int, seed: int):
     return hidden, base, anchors
 
 
+# (kind, budget, M, spine, the conditional scorer's Triton step)
 CASES = [
-    ("conditional", 16, 64, False),
-    ("conditional", 32, 128, True),
-    ("conditional", 64, 32, False),
-    ("marginal", 16, 64, False),
-    ("chain", K, VOCAB, False),
+    ("conditional", 16, 64, False, False),
+    ("conditional", 16, 64, False, True),
+    ("conditional", 32, 128, True, False),
+    ("conditional", 64, 32, False, True),
+    ("marginal", 16, 64, False, False),
+    ("chain", K, VOCAB, False, False),
 ]
 
 
 @pytest.mark.parametrize("requests", [1, 8])
-@pytest.mark.parametrize("kind, budget, candidates, spine", CASES)
-def test_device_trees_equal_host_heap(head, embed, requests, kind, budget, candidates, spine):
+@pytest.mark.parametrize("kind, budget, candidates, spine, kernels", CASES)
+def test_device_trees_equal_host_heap(
+    head, embed, requests, kind, budget, candidates, spine, kernels
+):
     chain = kind == "chain"
     shape = (
         TreeShape(budget=K, max_depth=K, max_children=1)
@@ -60,8 +64,16 @@ def test_device_trees_equal_host_heap(head, embed, requests, kind, budget, candi
         else TreeShape(budget=budget, max_depth=K, max_children=budget, spine=spine)
     )
     scorer = make_scorer(
-        kind, head, embed, shape=shape, candidates=candidates, prefix_len=1, max_requests=requests
+        kind,
+        head,
+        embed,
+        shape=shape,
+        candidates=candidates,
+        prefix_len=1,
+        max_requests=requests,
+        kernels=kernels,
     )
+    assert scorer.step == ("triton" if kernels else "table" if kind == "marginal" else "torch")
     builder = DeviceTreeBuilder(
         scorer, shape, chain=chain, max_requests=requests, device=torch.device("cuda")
     )

@@ -85,8 +85,9 @@ class DominoTreeStats:
     # How the target's attention computed the tree rows (config.attention_mode):
     # "paths" (FA3 over path requests), "fixup" (the Triton tree kernel) or "cpu".
     tree_attention: str = ""
-    # How the scorer computes a node's children (tree/scorers.py): "triton" (three
-    # launches per pop, CUDA), "torch" (CPU; the whole vocabulary) or "table" (marginal).
+    # How the scorer computes a node's children (tree/scorers.py): "torch" (the compiled
+    # torch step), "triton" (three launches per pop, not yet the default) or "table"
+    # (marginal: per-depth tables).
     scorer_step: str = ""
 
     @property

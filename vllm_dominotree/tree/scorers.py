@@ -136,10 +136,10 @@ class ConditionalScorer:
         candidates: int,
         max_children: int,
         prefix_len: int,
-        kernels: bool | None = None,
+        kernels: bool = False,
     ):
-        """kernels: the per-node step as Triton launches (default: on CUDA, with a top-M
-        restriction; tests run them on CPU under Triton's interpreter)."""
+        """kernels: the per-node step as three Triton launches (kernels/domino_step.py;
+        needs a top-M restriction; tests run them on CPU under Triton's interpreter)."""
         vocab, emb_dim = head.proj_out.shape
         device, dtype = head.proj_out.device, head.proj_out.dtype
         self.head = head
@@ -166,11 +166,12 @@ class ConditionalScorer:
             self.cand = torch.zeros(r, k, m, device=device, dtype=torch.long)
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
         self._chain = compiled(self._chain_rows, device)
-        # The per-node step: three Triton launches (kernels/domino_step.py) on CUDA with a
-        # top-M restriction; the torch step below elsewhere (CPU, where it costs less than
-        # launches; the whole vocabulary). `step` names it in the engine's stats.
-        if kernels is None:
-            kernels = device.type == "cuda" and self.restricted
+        # The per-node step: the torch step below, compiled on CUDA, or with `kernels`
+        # three Triton launches. Not the default: inside the builder's graph on the H200
+        # the first version of the kernels built a tree slower than the compiled step
+        # (1.65 against 1.07 ms at batch 1, budget 16, M 64; 2026-12-03,
+        # benchmarks/results/h200_2026-12-03); builder_bench.py --steps measures both.
+        # `step` names it in the engine's stats.
         if kernels and not self.restricted:
             raise ValueError("the Triton step needs a top-M restriction (candidates < vocab)")
         self.step = "triton" if kernels else "torch"
@@ -270,11 +271,13 @@ def make_scorer(
     prefix_len: int,
     max_requests: int,
     vocab: int | None = None,
+    kernels: bool = False,
 ) -> ConditionalScorer | MarginalScorer:
     """The scorer for a config's `scorer` kind. The chain is Domino's released decoder
     (corrected argmax over the whole vocabulary) or, for a plain DFlash drafter, the
     marginal argmax; the shape (one child, one block) makes it a path. vocab: the
-    marginals' width (default: the embedding's rows)."""
+    marginals' width (default: the embedding's rows); kernels: the conditional scorer's
+    Triton step."""
     if kind == "marginal" or (kind == "chain" and head is None):
         return MarginalScorer(
             shape.max_children,
@@ -294,4 +297,5 @@ def make_scorer(
         candidates=candidates if kind == "conditional" else head.proj_out.shape[0],
         max_children=shape.max_children,
         prefix_len=prefix_len,
+        kernels=kernels,
     )
