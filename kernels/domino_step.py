@@ -9,7 +9,10 @@ launches and their gaps, not bytes, bound a pop. Here it is three:
 
 - `_gru_step`: both GRU products and the gates for a block of hidden units, every row
   at once (the n gate takes r x (W_hn h), so the two products stay apart inside the
-  program) -> the node's state, in the scorer's state table.
+  program) -> the node's state, in the scorer's state table. At small batches its
+  reductions are split over programs (16 units x 16 rows are only 64 programs for the
+  released GRU of 1024), the last of a unit block's splits adding their partial
+  products in a fixed order.
 - `_correction_input`: u = silu(W_h h_d + W_s S) for a block of the correction's rank.
 - `_top_children`: per row, the correction on the M candidates, the log-softmax, and
   the top C (best first, equal values in candidate order, as the torch step's ranks).
@@ -27,6 +30,8 @@ import triton
 import triton.language as tl
 
 ROWS_BLOCK = 16  # rows per program of the two products (tensor-core tiles: >= 16)
+GRU_PROGRAMS = 256  # programs the GRU step aims for (its reduction split to get there)
+MAX_SPLITS = 8
 UNITS_BLOCK = 16  # GRU hidden units, or correction-rank entries, per program
 K_BLOCK = 256  # reduction width per step of the products (few, large loads in flight)
 E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
@@ -60,28 +65,11 @@ def _products(X, rows_live, W, unit, gate, w_stride, width, GATES: tl.constexpr,
     return first, second, third
 
 
-# Row counts and the prefix length are not specialized on (Triton compiles a variant for
-# a value of 1 or a multiple of 16): the builders' graphs compile one per kernel at start.
-@triton.jit(do_not_specialize=["rows"])
-def _gru_step(
-    Tokens, Req, Parent, Node, Embed, States, W_ih, W_hh,
-    rows, embed_stride, state_req_stride, state_slot_stride,
-    H: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
-    ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
-):  # fmt: skip
-    p = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    live = p < rows
-    token = tl.load(Tokens + p, mask=live, other=0)
-    req = tl.load(Req + p, mask=live, other=0)
-    state_row = req * state_req_stride
-    parent = States + state_row + tl.load(Parent + p, mask=live, other=0) * state_slot_stride
-    node = States + state_row + tl.load(Node + p, mask=live, other=0) * state_slot_stride
-    j = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
-    unit = tl.where(j < G, j, -1)  # a gate's rows; the next gate's are G further
-    x = Embed + token * embed_stride
-    # gate order r, z, n (torch.nn.GRU's); no biases
-    i_r, i_z, i_n = _products(x, live, W_ih, unit, G, H, H, 3, PRECISION, ROWS, UNITS, K)
-    h_r, h_z, h_n = _products(parent, live, W_hh, unit, G, G, G, 3, PRECISION, ROWS, UNITS, K)
+@triton.jit
+def _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G: tl.constexpr,
+               States):  # fmt: skip
+    """The GRU's gates (order r, z, n, as torch.nn.GRU's; no biases) from the six
+    products [ROWS, UNITS] -> the new state, stored at the node's row of the table."""
     r = tl.sigmoid(i_r + h_r)
     z = tl.sigmoid(i_z + h_z)
     n = 2.0 * tl.sigmoid(2.0 * (i_n + r * h_n)) - 1.0  # tanh
@@ -89,6 +77,77 @@ def _gru_step(
     h = tl.load(parent[:, None] + j[None, :], mask=cell, other=0.0).to(tl.float32)
     new = (1.0 - z) * n + z * h
     tl.store(node[:, None] + j[None, :], new.to(States.dtype.element_ty), mask=cell)
+
+
+# Row counts and the prefix length are not specialized on (Triton compiles a variant for
+# a value of 1 or a multiple of 16): the builders' graphs compile one per kernel at start.
+@triton.jit(do_not_specialize=["rows"])
+def _gru_step(
+    Tokens, Req, Parent, Node, Embed, States, W_ih, W_hh, Partials, Counters,
+    rows, partial_rows, embed_stride, state_req_stride, state_slot_stride,
+    H: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
+    ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
+    SPLITS: tl.constexpr, H_SPLIT: tl.constexpr, G_SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Program (unit block, split, row block): the six products over the split's share
+    of both reductions (H_SPLIT input columns, G_SPLIT state columns). With one split it
+    applies the gates itself; with more, it stores its partial products, and the last
+    of the unit block's splits to finish sums them in split order (the same sums on
+    every launch: the builders' trees stay bit-identical) and applies the gates."""
+    unit_block = tl.program_id(0)
+    split = tl.program_id(1)
+    p = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
+    live = p < rows
+    token = tl.load(Tokens + p, mask=live, other=0)
+    req = tl.load(Req + p, mask=live, other=0)
+    state_row = req * state_req_stride
+    parent = States + state_row + tl.load(Parent + p, mask=live, other=0) * state_slot_stride
+    node = States + state_row + tl.load(Node + p, mask=live, other=0) * state_slot_stride
+    j = unit_block * UNITS + tl.arange(0, UNITS)
+    unit = tl.where(j < G, j, -1)  # a gate's rows; the next gate's are G further
+    first_x, first_h = split * H_SPLIT, split * G_SPLIT
+    x = Embed + token * embed_stride + first_x
+    width_x = tl.minimum(H_SPLIT, H - first_x)
+    width_h = tl.minimum(G_SPLIT, G - first_h)
+    i_r, i_z, i_n = _products(x, live, W_ih + first_x, unit, G, H, width_x, 3, PRECISION,
+                              ROWS, UNITS, K)  # fmt: skip
+    h_r, h_z, h_n = _products(parent + first_h, live, W_hh + first_h, unit, G, G, width_h, 3,
+                              PRECISION, ROWS, UNITS, K)  # fmt: skip
+    if SPLITS == 1:
+        _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
+    else:
+        cell = live[:, None] & (j < G)[None, :]
+        # Partials: [SPLITS, 6, partial_rows, G] float32
+        at = Partials + (split * 6 * partial_rows + p[:, None]) * G + j[None, :]
+        product = partial_rows * G
+        tl.store(at, i_r, mask=cell)
+        tl.store(at + product, i_z, mask=cell)
+        tl.store(at + 2 * product, i_n, mask=cell)
+        tl.store(at + 3 * product, h_r, mask=cell)
+        tl.store(at + 4 * product, h_z, mask=cell)
+        tl.store(at + 5 * product, h_n, mask=cell)
+        # Every thread's stores are issued before the counter's release; the program
+        # that counts last acquires them all.
+        tl.debug_barrier()
+        counter = Counters + tl.program_id(2) * tl.num_programs(0) + unit_block
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # for the next launch
+            sums = Partials + p[:, None] * G + j[None, :]
+            i_r = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+            i_z = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+            i_n = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+            h_r = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+            h_z = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+            h_n = tl.zeros([ROWS, UNITS], dtype=tl.float32)
+            for s in range(SPLITS):
+                part = sums + s * 6 * product
+                i_r += tl.load(part, mask=cell, other=0.0)
+                i_z += tl.load(part + product, mask=cell, other=0.0)
+                i_n += tl.load(part + 2 * product, mask=cell, other=0.0)
+                h_r += tl.load(part + 3 * product, mask=cell, other=0.0)
+                h_z += tl.load(part + 4 * product, mask=cell, other=0.0)
+                h_n += tl.load(part + 5 * product, mask=cell, other=0.0)
+            _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
 
 
 @triton.jit(do_not_specialize=["rows"])
@@ -165,6 +224,14 @@ class DominoStep:
         device = head.w_ih.device
         c = scorer.max_children
         self.u = torch.zeros(max_rows, self.rank, device=device, dtype=torch.float32)
+        # The GRU step's split reduction: partial products of up to MAX_SPLITS splits of
+        # one row block, or of one split of every row block; a counter per (row block,
+        # unit block), zero between launches.
+        row_blocks = triton.cdiv(max_rows, ROWS_BLOCK)
+        self.partial_rows = max(MAX_SPLITS, row_blocks) * ROWS_BLOCK
+        self.partials = torch.zeros(6 * self.partial_rows, self.gru, device=device)
+        unit_blocks = triton.cdiv(self.gru, UNITS_BLOCK)
+        self.counters = torch.zeros(row_blocks * unit_blocks, device=device, dtype=torch.int32)
         self.values = torch.zeros(max_rows, c, device=device, dtype=torch.float64)
         self.tokens = torch.zeros(max_rows, c, device=device, dtype=torch.long)
         # The kernels index the scorer's tables by their strides, the candidates' with the
@@ -182,11 +249,15 @@ class DominoStep:
         p = req.shape[0]
         blocks = triton.cdiv(p, ROWS_BLOCK)
         states = s.states
-        _gru_step[(triton.cdiv(self.gru, UNITS_BLOCK), blocks)](
+        splits = self.splits(p)
+        _gru_step[(triton.cdiv(self.gru, UNITS_BLOCK), splits, blocks)](
             token, req, parent, node, s.embed_tokens, states, self.w_ih, self.w_hh,
-            p, s.embed_tokens.stride(0), states.stride(0), states.stride(1),
+            self.partials, self.counters,
+            p, self.partial_rows // splits, s.embed_tokens.stride(0), states.stride(0),
+            states.stride(1),
             H=self.hidden, G=self.gru, PRECISION=self.precision,
-            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK,
+            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK, SPLITS=splits,
+            H_SPLIT=_split_width(self.hidden, splits), G_SPLIT=_split_width(self.gru, splits),
         )  # fmt: skip
         _correction_input[(triton.cdiv(self.rank, UNITS_BLOCK), blocks)](
             req, node, depth, states, s.hid_part, self.w_s, self.u,
@@ -204,3 +275,25 @@ class DominoStep:
             E_STEP=min(E_BLOCK, triton.next_power_of_2(self.rank)),
         )  # fmt: skip
         return self.values[:p], self.tokens[:p]
+
+    def splits(self, p: int) -> int:
+        """Splits of the GRU step's reduction for p rows: enough programs to fill the GPU
+        (a power of two, at most MAX_SPLITS, each with a step's width of the input), one
+        once the row blocks alone do. A function of p only: fixed in a captured graph,
+        and the same for both builders."""
+        programs = triton.cdiv(self.gru, UNITS_BLOCK) * triton.cdiv(p, ROWS_BLOCK)
+        wanted = min(
+            MAX_SPLITS, triton.cdiv(GRU_PROGRAMS, programs), triton.cdiv(self.hidden, K_BLOCK)
+        )
+        splits = 1
+        while (
+            splits * 2 <= wanted
+            and splits * 2 * triton.cdiv(p, ROWS_BLOCK) * ROWS_BLOCK <= self.partial_rows
+        ):
+            splits *= 2
+        return splits
+
+
+def _split_width(width: int, splits: int) -> int:
+    """Each split's share of a reduction, in whole steps of K_BLOCK."""
+    return triton.cdiv(triton.cdiv(width, splits), K_BLOCK) * K_BLOCK

@@ -67,6 +67,7 @@ def check_step_matches_torch(
         depth = (req + generation) % 4  # rows at different depths (depth 0: uncorrected)
         want_values, want_tokens = torch_step.children(req, node, parent, token, depth)
         values, tokens = triton_step.children(req, node, parent, token, depth)
+        print(f"GRU splits {triton_step._children.splits(requests)}")
         states = triton_step.states[req, node].float()
         state_error = (states - torch_step.states[req, node].float()).abs().max().item()
         value_error = (values - want_values).abs().max().item()

@@ -111,12 +111,15 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank):
     tiles = dict(ROWS=domino_step.ROWS_BLOCK, UNITS=domino_step.UNITS_BLOCK, K=domino_step.K_BLOCK)
     rows = dict(Tokens="*i64", Req="*i64", Parent="*i64", Node="*i64", Depth="*i64")
     weights = dict(Embed=f"*{dtype}", States=f"*{dtype}", W_ih=f"*{dtype}", W_hh=f"*{dtype}")
-    gru_step = compiled(
-        domino_step._gru_step,
-        {**rows, **weights},
-        dict(H=hidden, G=gru, PRECISION=precision, **tiles),
-    )
-    assert gru_step.asm["cubin"] and gru_step.metadata.shared <= H200_SHARED
+    weights.update(Partials="*fp32", Counters="*i32")
+    for splits in (1, 4):  # the reduction whole, and split with a counted merge
+        widths = dict(
+            H_SPLIT=domino_step._split_width(hidden, splits),
+            G_SPLIT=domino_step._split_width(gru, splits),
+        )
+        constexprs = dict(H=hidden, G=gru, PRECISION=precision, SPLITS=splits, **widths)
+        gru_step = compiled(domino_step._gru_step, {**rows, **weights}, {**constexprs, **tiles})
+        assert gru_step.asm["cubin"] and gru_step.metadata.shared <= H200_SHARED
     types = dict(rows, States=f"*{dtype}", HidPart=f"*{dtype}", W_s=f"*{dtype}", U="*fp32")
     correction = compiled(
         domino_step._correction_input, types, dict(G=gru, E=rank, PRECISION=precision, **tiles)
