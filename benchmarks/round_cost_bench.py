@@ -9,8 +9,9 @@ A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with 
 synchronous scheduling instead of its default (asynchronous on CUDA), `-vllm-draft` with
 vLLM's piecewise query pass instead of the plugin's drafter graphs, `-prepare-apart` with
 the drafter's logits and the scorer's preparation eager before the build instead of in
-its graph, `-paths` with the tree rows through FA3 path requests instead of the fix-up
-kernel, e.g. `conditional-sync` or `conditional-paths`.
+its graph, `-paths` / `-fixup` with the tree rows through FA3 path requests / the
+Triton fix-up kernel, `-triton` with the conditional scorer's per-node step as Triton
+launches (DOMINOTREE_NODE_STEP), e.g. `conditional-sync` or `conditional-triton`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
@@ -97,6 +98,7 @@ VARIANTS = {
     "-prepare-apart": ({}, {"DOMINOTREE_PREPARE_IN_BUILD": "0"}),
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
     "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
+    "-triton": ({}, {"DOMINOTREE_NODE_STEP": "triton"}),
 }
 
 

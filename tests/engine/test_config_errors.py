@@ -129,6 +129,22 @@ def test_data_parallelism_is_refused(pair_dirs):
         args.create_engine_config()
 
 
+@pytest.mark.parametrize(
+    "step, message",
+    [("triton", "runs the scorer's step as CUDA kernels"), ("cuda", "use one of")],
+)
+def test_node_step_switch_is_checked_at_engine_start(pair_dirs, monkeypatch, step, message):
+    """DOMINOTREE_NODE_STEP: a value it does not know, and the Triton step on CPU, are
+    refused before any worker starts, naming the variable."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("DOMINOTREE_NODE_STEP", step)
+    args = EngineArgs(model=pair_dirs["target"], speculative_config=dominotree(pair_dirs))
+    with pytest.raises(DominoTreeConfigError, match="DOMINOTREE_NODE_STEP") as error:
+        args.create_engine_config()
+    assert message in str(error.value)
+
+
 def test_recurrent_targets_are_refused():
     config = SimpleNamespace(
         model_config=SimpleNamespace(model="some/mamba", is_hybrid=True, is_attention_free=False)

@@ -24,7 +24,7 @@ import torch
 from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
-from ..config import DominoTreeConfig
+from ..config import DominoTreeConfig, node_step
 from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
 from ..speculative import ADDITIONAL_CONFIG_KEY
@@ -82,6 +82,8 @@ class DominoTreeProposer(DFlashProposer):
             candidates=self.options.candidates,
             prefix_len=self.spec.pure_draft_prefix_len,
             max_requests=self.max_batch_size,
+            # DOMINOTREE_NODE_STEP=triton (CUDA; refused on CPU at engine start)
+            kernels=self.options.scorer == "conditional" and node_step() == "triton",
         )
         # CUDA: the device builder, one captured graph per build (with the scorer's
         # preparation in it on one GPU). CPU: the host heap for trees, the device
