@@ -170,8 +170,9 @@ class ConditionalScorer:
         # three Triton launches. Not the default: inside the builder's graph on the H200
         # the first version of the kernels built a tree slower than the compiled step
         # (1.65 against 1.07 ms at batch 1, budget 16, M 64; 2026-12-03,
-        # benchmarks/results/h200_2026-12-03); builder_bench.py --steps measures both.
-        # `step` names it in the engine's stats.
+        # benchmarks/results/h200_2026-12-03); builder_bench.py --steps measures both,
+        # engines take it with DOMINOTREE_NODE_STEP=triton (config.node_step). `step`
+        # names it in the engine's stats.
         if kernels and not self.restricted:
             raise ValueError("the Triton step needs a top-M restriction (candidates < vocab)")
         self.step = "triton" if kernels else "torch"
