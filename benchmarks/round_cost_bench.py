@@ -214,7 +214,7 @@ def write_trace_tables(path: Path, trace: dict) -> None:
 def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     from vllm import LLM
 
-    base, variant, _ = split_variants(method)  # the environment is the parent's to set
+    base, variant, environment = split_variants(method)  # the parent sets the environment
     llm = LLM(
         model=dirs["target"],
         skip_tokenizer_init=True,
@@ -264,6 +264,16 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row["async_scheduling"] = stats.get("async_scheduling", False)
                 row["graph_drafts"] = stats.get("graph_drafts", 0)  # query passes replayed
                 row["prepared_in_build"] = stats.get("prepared_in_build", 0)
+                # How the engine really built and verified the trees: a variant that did
+                # not take effect must not pass as measured.
+                row["scorer_step"] = stats.get("scorer_step", "")
+                row["tree_attention"] = stats.get("tree_attention", "")
+                asked = environment.get("DOMINOTREE_NODE_STEP")
+                if asked and row["scorer_step"] != asked:
+                    raise RuntimeError(
+                        f"{method}: the engine ran the {row['scorer_step']!r} node step, "
+                        f"not the {asked!r} step the variant asks for"
+                    )
                 stages = stats["stage_seconds"]
                 llm.collective_rpc("dominotree_profile", args=(False,))
                 split = {k: 1e3 * v / rounds for k, v in stages.items()}

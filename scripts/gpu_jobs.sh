@@ -65,6 +65,10 @@ if [ -z "${GPU_JOBS_PARENT:-}" ]; then
   export PYTHONPATH=$PYTHONPATH:/tmp/site-data
 fi
 
+# vLLM's warnings left out, line by line: a job cut by its call's timeout keeps what it
+# printed (block-buffered, a cut job lost its last 4 KiB: on 2026-12-03 a whole pytest log).
+quiet() { grep --line-buffered -v " WARNING "; }
+
 smollm2_target() {
   [ -f "$work/target/config.json" ] && return
   python3 -m pip install -q --no-index --no-deps --target /tmp/site-gguf .whl/gguf/*.whl
@@ -100,7 +104,7 @@ case $job in
       own=(--basetemp "/tmp/pytest_job_$$" -p no:cacheprovider)
     fi
     python3 -m pytest "${files[@]}" "${own[@]}" -q -rs -s --durations=0 2>&1 |
-      grep -v " WARNING " | tee -a "$log"
+      quiet | tee -a "$log"
     ;;
   serve)
     pair=$1
@@ -113,7 +117,7 @@ case $job in
       models=(--shape "$pair" --models /tmp/rc_models)
     fi
     python3 benchmarks/serve_load_bench.py --out "$OUT/serve_$pair" --cli serve --kv-cache-gib 2 \
-      "${models[@]}" "$@" 2>&1 | grep -v " WARNING "
+      "${models[@]}" "$@" 2>&1 | quiet
     ;;
   suite)
     b=tests/gpu/test_bf16_divergence.py
@@ -166,12 +170,12 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     # copy of it in each call's $OUT.
     status=0
     python3 benchmarks/round_cost_bench.py --out /tmp/round_cost --models /tmp/rc_models "$@" \
-      2>&1 | grep -v " WARNING " | tee -a "$OUT/round_cost.log" || status=$?
+      2>&1 | quiet | tee -a "$OUT/round_cost.log" || status=$?
     cp -r /tmp/round_cost "$OUT/"  # what finished, even when a method failed
     exit $status
     ;;
   rounding)
-    python3 benchmarks/tree_rounding_bench.py --out "$OUT/rounding" "$@" 2>&1 | grep -v " WARNING " |
+    python3 benchmarks/tree_rounding_bench.py --out "$OUT/rounding" "$@" 2>&1 | quiet |
       tee "$OUT/rounding.log"
     ;;
   probe)
@@ -180,11 +184,11 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     smollm2_target
     python3 benchmarks/divergence_probe.py --target "$work/target" \
       --drafter vllm_dominotree/drafters/smollm2-135m-instruct-domino --out "$OUT/probe_$name" \
-      "$@" 2>&1 | grep -v " WARNING " | tail -c 100000 > "$OUT/probe_$name.log"
+      "$@" 2>&1 | quiet | tail -c 100000 > "$OUT/probe_$name.log"
     ;;
   round-cost-before)
     PYTHONPATH=$(before_path) python3 benchmarks/round_cost_bench.py \
-      --out "$OUT/round_cost_before" --models /tmp/rc_models "$@" 2>&1 | grep -v " WARNING " |
+      --out "$OUT/round_cost_before" --models /tmp/rc_models "$@" 2>&1 | quiet |
       tee "$OUT/round_cost_before.log"
     ;;
   before)
@@ -196,7 +200,7 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     [ -f "$work/data.jsonl" ] || [ ! -f artifacts/smollm2-data.jsonl.xz ] ||
       xz -dc artifacts/smollm2-data.jsonl.xz > "$work/data.jsonl"
     DTYPE=bfloat16 MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$work" "$1" 2>&1 |
-      grep -v -i "it/s\]\|Loading weights\| WARNING " | tee "$OUT/train.log"
+      grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee "$OUT/train.log"
     tar -C "$work" -cf - run | split -b 15m - "$OUT/run.tar."
     ;;
   harness)
@@ -204,7 +208,7 @@ tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/g
     drafter=$work/run/drafter
     [ -d "$drafter" ] || drafter=vllm_dominotree/drafters/smollm2-135m-instruct-domino
     python3 benchmarks/harness.py --target "$work/target" --drafter "$drafter" \
-      --out "$OUT/harness" --dtype bfloat16 "$@" 2>&1 | grep -v " WARNING " |
+      --out "$OUT/harness" --dtype bfloat16 "$@" 2>&1 | quiet |
       tail -c 200000 > "$OUT/harness.log"
     ;;
   data)

@@ -65,6 +65,9 @@ def test_round_cost_bench_runs_every_method(tmp_path):
         if base in ("chain", "marginal", "conditional"):
             assert r["async_scheduling"] is False and r["graph_drafts"] == 0  # CPU
             assert r["prepared_in_build"] == 0
+            # What the engine ran, as its stats name it: no variant passes unseen.
+            assert r["tree_attention"] == "cpu"
+            assert r["scorer_step"] == ("table" if base == "marginal" else "torch"), r
             split = r["profiled_ms"]
             assert set(split) == {"prepare", "verify", "accept", "draft", "build", "rest"}
             assert all(split[k] > 0 for k in ("verify", "draft", "build")), split

@@ -168,9 +168,9 @@ class ConditionalScorer:
         self._chain = compiled(self._chain_rows, device)
         # The per-node step: the torch step below, compiled on CUDA, or with `kernels`
         # three Triton launches. Not the default: inside the builder's graph on the H200
-        # the first version of the kernels built a tree slower than the compiled step
-        # (1.65 against 1.07 ms at batch 1, budget 16, M 64; 2026-12-03,
-        # benchmarks/results/h200_2026-12-03); builder_bench.py --steps measures both,
+        # it wins 8% at budget 16 up to batch 16 and loses at batch 64 and at budget 64
+        # (1.05 vs 1.14 ms at batch 1, 3.22 vs 3.13 at batch 64, 3.97 vs 3.05 at budget
+        # 64; benchmarks/results/h200_2026-12-03b); builder_bench.py --steps measures both,
         # engines take it with DOMINOTREE_NODE_STEP=triton (config.node_step). `step`
         # names it in the engine's stats.
         if kernels and not self.restricted:
