@@ -102,6 +102,14 @@ VARIANTS = {
 }
 
 
+# What the traced pass counts per step (engine/profiling.py), for every method.
+STEP_COUNTS = ("graph_launches", "kernel_launches", "host_waits", "memcpy_async")
+
+
+def per(counts: dict[str, int], steps: int) -> dict[str, float]:
+    return {k: v / steps for k, v in counts.items()}
+
+
 def split_variants(method: str) -> tuple[str, dict, dict]:
     """'conditional-sync-vllm-draft' -> ('conditional', engine arguments, environment)."""
     return split_suffixes(method, VARIANTS)
@@ -257,6 +265,10 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("kernel_trace", args=(False,))[0]
                 row["kernel_ms_per_round"] = trace["kernel_ms"] / traced
+                # Per step as for the plugin's rows (the batch's requests share each
+                # step: a step is a round), so host waits compare like for like.
+                row["per_step"] = {k: trace[k] / traced for k in STEP_COUNTS}
+                row["host_waits_by_scope"] = per(trace["host_waits_by_scope"], traced)
             if base in PLUGIN_METHODS and not args.no_split:
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
@@ -283,10 +295,8 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("dominotree_trace", args=(False,))[0]
                 steps = max(1, trace["steps"])
-                row["per_step"] = {
-                    k: trace[k] / steps
-                    for k in ("graph_launches", "kernel_launches", "host_waits", "memcpy_async")
-                }
+                row["per_step"] = {k: trace[k] / steps for k in STEP_COUNTS}
+                row["host_waits_by_scope"] = per(trace["host_waits_by_scope"], steps)
                 row["host_ms_per_step"] = {
                     k: v / steps for k, v in trace.get("host_ms", {}).items()
                 }
@@ -341,6 +351,8 @@ def report(rows: list[dict], args) -> None:
             f"{step[k]:.1f}" if k in step else "-"
             for k in ("graph_launches", "kernel_launches", "host_waits")
         ]
+        waits = r.get("host_waits_by_scope", {})
+        cells.append(", ".join(f"{k} {v:.1f}" for k, v in sorted(waits.items())) or "-")
         host = r.get("host_ms_per_step", {})
         cells.append(", ".join(f"{k} {v:.2f}" for k, v in sorted(host.items())) or "-")
         gpu = r.get("kernel_ms_per_round_by_stage", {})
@@ -387,6 +399,7 @@ def report(rows: list[dict], args) -> None:
         "graphs/step",
         "eager launches/step",
         "host waits/step",
+        "host waits/step by scope",
         "host ms/step by stage (traced)",
         "GPU kernel ms/round, by stage (traced)",
         "eager launches / torch ops per step by stage (traced)",
@@ -468,6 +481,10 @@ def main() -> None:
     for method in [MODELS, *args.methods]:
         env = dict(os.environ)
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        # vLLM's V1 runner names its phases as profiler ranges, so the trace can say which
+        # of them waits on the device (host_waits_by_scope); off the trace, a few
+        # microseconds per step, the same for every method.
+        env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
         if method == "dflash-v1":
             env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         env |= split_variants(method)[2]

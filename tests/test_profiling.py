@@ -1,16 +1,19 @@
-"""The trace's GPU side (engine/profiling.py): each kernel's milliseconds go to the
-innermost stage range around its start on the device's timeline. The events are shaped
-as torch's profiler gives them (device_type, name, time_range in microseconds); a real
-trace needs CUDA (benchmarks/round_cost_bench.py records it on the GPU)."""
+"""The trace (engine/profiling.py): each kernel's milliseconds go to the innermost stage
+range around its start on the device's timeline, each host wait to the innermost named
+range around it. The kernel events are shaped as torch's profiler gives them (device_type,
+name, time_range in microseconds); a real trace needs CUDA (benchmarks/round_cost_bench.py
+records it on the GPU)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
 
-from vllm_dominotree.engine.profiling import device_ms_by_stage
+from vllm_dominotree.engine.profiling import count_by_scope, device_ms_by_stage
 from vllm_dominotree.stage_clock import LABEL_PREFIX
 
 
@@ -41,3 +44,27 @@ def test_kernels_go_to_the_innermost_stage_around_their_start():
     assert got == pytest.approx({"verify": 0.27, "build": 0.05, "step": 0.15, "outside": 0.01})
     assert device_ms_by_stage([event("k", 0, 5)]) == {"outside": 0.005}
     assert device_ms_by_stage([]) == {}
+
+
+def test_host_calls_count_in_the_innermost_named_range_around_them():
+    """count_by_scope on a real (CPU) profiler trace: torch ops stand in for CUDA's wait
+    calls, which only a GPU trace has; the ranges are a plugin stage and a vLLM scope."""
+    x = torch.ones(4)
+    with profile(activities=[ProfilerActivity.CPU]) as trace:
+        with record_function(LABEL_PREFIX + "verify"):
+            torch.neg(x)
+        with record_function("gpu_model_runner: forward"):
+            with record_function(LABEL_PREFIX + "draft"):
+                torch.neg(x)
+            torch.neg(x)
+            torch.exp(x)
+        torch.neg(x)
+    host = [e for e in trace.events() if e.device_type == DeviceType.CPU]
+    assert count_by_scope(host, ("aten::neg",)) == {
+        "verify": 1,
+        "draft": 1,
+        "gpu_model_runner: forward": 1,
+        "outside": 1,
+    }
+    assert count_by_scope(host, ("aten::exp",)) == {"gpu_model_runner: forward": 1}
+    assert count_by_scope(host, ("cudaEventSynchronize",)) == {}

@@ -11,7 +11,9 @@ stage too: the innermost stage around each ("step" is vLLM's own work between th
 plugin's stages), and the GPU's: the milliseconds its kernels ran, per stage (the
 innermost stage range on the device's timeline around each kernel's start). Kernel
 milliseconds per step against the round's milliseconds say whether the GPU or the host
-sets the round.
+sets the round. Each host wait is counted in the innermost named range around it
+(count_by_scope): the plugin's stages, or vLLM's own scopes when the engine runs with
+VLLM_CUSTOM_SCOPES_FOR_PROFILING=1.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class LaunchTrace:
         calls: dict[str, int] = defaultdict(int)
         # stage -> {"graph_launches": n, "kernel_launches": n, "torch_ops": n}
         by_stage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for event in profiler.events():
+        events = profiler.events()
+        for event in events:
             if event.name.startswith("aten::") and not (
                 event.cpu_parent is not None and event.cpu_parent.name.startswith("aten::")
             ):
@@ -89,12 +92,15 @@ class LaunchTrace:
         def total(names):
             return sum(calls.get(n, 0) for n in names)
 
-        kernel_ms = device_ms_by_stage(profiler.events())
+        host_events = [e for e in events if e.device_type.name == "CPU"]
+
+        kernel_ms = device_ms_by_stage(events)
 
         return {
             "graph_launches": total(GRAPH_LAUNCHES),
             "kernel_launches": total(KERNEL_LAUNCHES),
             "host_waits": total(HOST_WAITS),
+            "host_waits_by_scope": count_by_scope(host_events, HOST_WAITS),
             "memcpy_async": calls.get("cudaMemcpyAsync", 0),
             "host_ms": dict(host_ms),
             "kernel_ms": sum(kernel_ms.values()),
@@ -127,6 +133,26 @@ def _innermost_stage(event) -> str:
             return parent.name[len(LABEL_PREFIX) :]
         parent = parent.cpu_parent
     return "outside"
+
+
+def count_by_scope(events, names: tuple[str, ...]) -> dict[str, int]:
+    """How many of the host's events called one of `names` ran inside each scope: the
+    innermost named range around the event (a plugin stage, one of vLLM's own scopes when
+    VLLM_CUSTOM_SCOPES_FOR_PROFILING=1, any other record_function range; "outside" if
+    none). Says whose code waits on the device: the plugin's stages or vLLM's runner.
+    events: the profiler's host events (name, cpu_parent)."""
+    counts: dict[str, int] = defaultdict(int)
+    for event in events:
+        if event.name not in names:
+            continue
+        scope, parent = "outside", event.cpu_parent
+        while parent is not None:
+            if not parent.name.startswith(("aten::", "cuda", "cu")):
+                scope = parent.name.removeprefix(LABEL_PREFIX)
+                break
+            parent = parent.cpu_parent
+        counts[scope] += 1
+    return dict(counts)
 
 
 def device_ms_by_stage(events) -> dict[str, float]:
