@@ -104,10 +104,30 @@ VARIANTS = {
 
 # What the traced pass counts per step (engine/profiling.py), for every method.
 STEP_COUNTS = ("graph_launches", "kernel_launches", "host_waits", "memcpy_async")
+# A variant's environment variable -> the engine stat that names what the engine ran.
+VARIANT_STATS = {
+    "DOMINOTREE_NODE_STEP": "scorer_step",
+    "DOMINOTREE_CUDA_TREE_ATTENTION": "tree_attention",
+}
 
 
-def per(counts: dict[str, int], steps: int) -> dict[str, float]:
-    return {k: v / steps for k, v in counts.items()}
+def counts_per_step(trace: dict, steps: int) -> dict:
+    """A traced pass's counts per step (a step is a round: the batch's requests share it)."""
+    return {
+        "per_step": {k: trace[k] / steps for k in STEP_COUNTS},
+        "host_waits_by_scope": {k: v / steps for k, v in trace["host_waits_by_scope"].items()},
+    }
+
+
+def check_variant_ran(method: str, environment: dict[str, str], stats: dict) -> None:
+    """A variant that did not take effect in the engine must not pass as measured."""
+    for variable, stat in VARIANT_STATS.items():
+        asked = environment.get(variable)
+        if asked and stats.get(stat) != asked:
+            raise RuntimeError(
+                f"{method}: the engine ran {stat} {stats.get(stat)!r}, not the {asked!r} "
+                f"that {variable} asks for"
+            )
 
 
 def split_variants(method: str) -> tuple[str, dict, dict]:
@@ -265,10 +285,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("kernel_trace", args=(False,))[0]
                 row["kernel_ms_per_round"] = trace["kernel_ms"] / traced
-                # Per step as for the plugin's rows (the batch's requests share each
-                # step: a step is a round), so host waits compare like for like.
-                row["per_step"] = {k: trace[k] / traced for k in STEP_COUNTS}
-                row["host_waits_by_scope"] = per(trace["host_waits_by_scope"], traced)
+                row |= counts_per_step(trace, traced)  # like the plugin's rows
             if base in PLUGIN_METHODS and not args.no_split:
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
@@ -276,16 +293,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row["async_scheduling"] = stats.get("async_scheduling", False)
                 row["graph_drafts"] = stats.get("graph_drafts", 0)  # query passes replayed
                 row["prepared_in_build"] = stats.get("prepared_in_build", 0)
-                # How the engine really built and verified the trees: a variant that did
-                # not take effect must not pass as measured.
-                row["scorer_step"] = stats.get("scorer_step", "")
-                row["tree_attention"] = stats.get("tree_attention", "")
-                asked = environment.get("DOMINOTREE_NODE_STEP")
-                if asked and row["scorer_step"] != asked:
-                    raise RuntimeError(
-                        f"{method}: the engine ran the {row['scorer_step']!r} node step, "
-                        f"not the {asked!r} step the variant asks for"
-                    )
+                # How the engine really built and verified the trees.
+                check_variant_ran(method, environment, stats)
+                row |= {stat: stats.get(stat, "") for stat in VARIANT_STATS.values()}
                 stages = stats["stage_seconds"]
                 llm.collective_rpc("dominotree_profile", args=(False,))
                 split = {k: 1e3 * v / rounds for k, v in stages.items()}
@@ -295,8 +305,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("dominotree_trace", args=(False,))[0]
                 steps = max(1, trace["steps"])
-                row["per_step"] = {k: trace[k] / steps for k in STEP_COUNTS}
-                row["host_waits_by_scope"] = per(trace["host_waits_by_scope"], steps)
+                row |= counts_per_step(trace, steps)
                 row["host_ms_per_step"] = {
                     k: v / steps for k, v in trace.get("host_ms", {}).items()
                 }

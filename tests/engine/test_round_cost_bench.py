@@ -10,9 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from round_cost_bench import PAPER_TAU, STEP_COUNTS, gathered_rows, split_variants  # noqa: E402
+from round_cost_bench import (  # noqa: E402
+    PAPER_TAU,
+    STEP_COUNTS,
+    check_variant_ran,
+    gathered_rows,
+    split_variants,
+)
 
 # A variant too: synchronous scheduling (the CPU's anyway), vLLM's drafter pass and the
 # preparation apart from the build.
@@ -110,6 +118,19 @@ def test_method_variants_name_their_engine_arguments_and_environment():
     )
     assert split_variants("chain") == ("chain", {}, {})
     assert split_variants("conditional-fixup")[2] == {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}
+
+
+def test_a_variant_the_engine_did_not_run_stops_the_bench():
+    """A -triton or -paths row is only measured if the engine's stats name that step or
+    that tree attention (on the GPU; the CPU refuses both at engine start)."""
+    method = "conditional-triton-paths"
+    environment = split_variants(method)[2]
+    ran = {"scorer_step": "triton", "tree_attention": "paths"}
+    check_variant_ran(method, environment, ran)
+    for stat, other in (("scorer_step", "torch"), ("tree_attention", "fixup")):
+        with pytest.raises(RuntimeError, match=f"{stat} '{other}'"):
+            check_variant_ran(method, environment, ran | {stat: other})
+    check_variant_ran("conditional", {}, {"scorer_step": "torch", "tree_attention": "fixup"})
 
 
 def test_methods_of_several_calls_make_one_table(tmp_path):

@@ -92,15 +92,13 @@ class LaunchTrace:
         def total(names):
             return sum(calls.get(n, 0) for n in names)
 
-        host_events = [e for e in events if e.device_type.name == "CPU"]
-
         kernel_ms = device_ms_by_stage(events)
 
         return {
             "graph_launches": total(GRAPH_LAUNCHES),
             "kernel_launches": total(KERNEL_LAUNCHES),
             "host_waits": total(HOST_WAITS),
-            "host_waits_by_scope": count_by_scope(host_events, HOST_WAITS),
+            "host_waits_by_scope": count_by_scope(events, HOST_WAITS),
             "memcpy_async": calls.get("cudaMemcpyAsync", 0),
             "host_ms": dict(host_ms),
             "kernel_ms": sum(kernel_ms.values()),
@@ -125,14 +123,21 @@ class KernelTraceExtension:
         return self._kernel_trace.stop()
 
 
-def _innermost_stage(event) -> str:
-    """The stage (StageClock label) around a profiler event, or "outside"."""
+def _innermost_range(event, prefixes: tuple[str, ...]) -> str:
+    """The innermost range around a profiler event whose name starts with one of
+    `prefixes` ("" takes any range but torch ops), without the stage prefix; or
+    "outside"."""
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name.startswith(LABEL_PREFIX):
-            return parent.name[len(LABEL_PREFIX) :]
+        if parent.name.startswith(prefixes) and not parent.name.startswith("aten::"):
+            return parent.name.removeprefix(LABEL_PREFIX)
         parent = parent.cpu_parent
     return "outside"
+
+
+def _innermost_stage(event) -> str:
+    """The stage (StageClock label) around a profiler event, or "outside"."""
+    return _innermost_range(event, (LABEL_PREFIX,))
 
 
 def count_by_scope(events, names: tuple[str, ...]) -> dict[str, int]:
@@ -140,18 +145,11 @@ def count_by_scope(events, names: tuple[str, ...]) -> dict[str, int]:
     innermost named range around the event (a plugin stage, one of vLLM's own scopes when
     VLLM_CUSTOM_SCOPES_FOR_PROFILING=1, any other record_function range; "outside" if
     none). Says whose code waits on the device: the plugin's stages or vLLM's runner.
-    events: the profiler's host events (name, cpu_parent)."""
+    events: the profiler's events (name, cpu_parent); a device's never match `names`."""
     counts: dict[str, int] = defaultdict(int)
     for event in events:
-        if event.name not in names:
-            continue
-        scope, parent = "outside", event.cpu_parent
-        while parent is not None:
-            if not parent.name.startswith(("aten::", "cuda", "cu")):
-                scope = parent.name.removeprefix(LABEL_PREFIX)
-                break
-            parent = parent.cpu_parent
-        counts[scope] += 1
+        if event.name in names:
+            counts[_innermost_range(event, ("",))] += 1
     return dict(counts)
 
 
