@@ -3,11 +3,11 @@
 # shipped files are in place (scripts/device_unpack.sh) and vLLM is staged:
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
-#   suite             the whole of tests/gpu in two `parallel` phases (more than one call's
-#                     9 minutes today: test_engine_gpu.py alone starts 11 engines):
-#                     kernel, builder, engine and SmolLM2 float32 tests beside the bf16
-#                     test's baselines, then its six variants (one engine each) -> $OUT/suite_phase1.log,
-#                     $OUT/suite_phase2.log
+#   suite             the whole of tests/gpu in one `parallel` phase of 16 jobs (none longer
+#                     than about three engine starts; the bf16 variants await the baselines
+#                     their sibling jobs compute) -> $OUT/suite.log
+#   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
+#                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
 #                     if shipped), durations listed -> $OUT/gpu_tests.log. The bf16 test's
 #                     baselines are kept in /tmp/bf16_baselines for later jobs on this
@@ -40,8 +40,10 @@
 #   parallel 'JOB ARGS' ...  the jobs at once, each in its own process; their outputs are
 #                     gathered into $OUT/jobs.log every 15 s (one file: a call brings back
 #                     only 8). For correctness runs that share the GPU (tests, serve; the
-#                     tests' engines take fixed KV caches), never for timings. Four
-#                     engine-heavy jobs fit one 9-minute call; eight did not (2026-12-02)
+#                     tests' engines take fixed KV caches), never for timings. What
+#                     bounds a call is the longest job (engine starts ~80-90 s each, one
+#                     after another within a job); the eight jobs of 2026-12-02 that did
+#                     not finish stopped when two engines crashed with device asserts
 # Wheels it expects beside the project: .whl/gguf (the gguf package, for the GGUF
 # conversion) and .whl/data (the evaluation sets' packages), e.g. shipped with the pack.
 set -euo pipefail
@@ -120,23 +122,46 @@ case $job in
       "${models[@]}" "$@" 2>&1 | quiet
     ;;
   suite)
+    # One `parallel` phase, no job longer than about three engine starts: the engine
+    # files split by test, each bf16 variant in its own job awaiting the baselines that
+    # a sibling job computes (fresh ones: the folder is cleared first).
+    rm -rf "${DOMINOTREE_BF16_BASELINES:-/tmp/bf16_baselines}"
+    e=tests/gpu/test_engine_gpu.py
+    s=tests/gpu/test_smollm2_gpu.py::test_greedy_float32_equals_the_target_alone
     b=tests/gpu/test_bf16_divergence.py
-    rc=0
-    bash "$0" parallel "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
-tests/gpu/test_device_builder.py tests/gpu/test_accept_graphs.py" "tests tests/gpu/test_engine_gpu.py" \
-      "tests tests/gpu/test_smollm2_gpu.py" "tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]" ||
-      rc=1
-    mv "$OUT/jobs.log" "$OUT/suite_phase1.log"
-    variants=()
+    jobs=(
+      "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py"
+      "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
+tests/gpu/test_accept_graphs.py"
+      "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
+$e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
+      "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
+$e::test_greedy_equals_no_speculation_under_full_graphs[chain]"
+      "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_greedy_eager"
+      "tests $e::test_seeded_sampling_is_the_same_with_and_without_async_scheduling \
+$e::test_paths_attention_refused_without_fa3"
+      "tests $s[conditional] $s[chain]"
+      "tests $s[conditional-batch4] \
+tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding"
+      "tests $b -k baselines[toy]"
+      "tests $b -k baselines[smollm2]"
+    )
     for pair in toy smollm2; do
       for scorer in chain marginal conditional; do
-        variants+=("tests $b -k $pair-$scorer")
+        jobs+=("bf16-variant $pair-$scorer")
       done
     done
-    bash "$0" parallel "${variants[@]}" || rc=1
-    mv "$OUT/jobs.log" "$OUT/suite_phase2.log"
-    grep -a -h -E "passed|failed|diverge" "$OUT"/suite_phase*.log | grep -v Warning || true
+    rc=0
+    bash "$0" parallel "${jobs[@]}" || rc=1
+    mv "$OUT/jobs.log" "$OUT/suite.log"
+    grep -a -h -E "passed|failed|diverge|error" "$OUT/suite.log" | grep -v Warning || true
     exit $rc
+    ;;
+  bf16-variant)
+    # One variant of the bf16 test (`toy-chain`, ...): its engine runs at once, then it
+    # waits for the baselines a sibling job saves (`tests ... -k baselines[toy]`).
+    export DOMINOTREE_BF16_BASELINES_WAIT_S=${DOMINOTREE_BF16_BASELINES_WAIT_S:-900}
+    exec bash "$0" tests tests/gpu/test_bf16_divergence.py -k "$1"
     ;;
   parallel)
     # What the jobs share is made before they start: the SmolLM2 target.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,15 +120,22 @@ def diverged(outputs: list[list[int]], want: list[list[int]], name: str) -> list
 @pytest.fixture(scope="module")
 def baselines(pair) -> dict:
     """No speculation, and vLLM's DFlash with the same draft count on its default (V2)
-    runner and, for comparison only, on the V1 runner the plugin extends. With
-    DOMINOTREE_BF16_BASELINES set to a folder, they are read from it when an earlier run
-    saved them there, and saved otherwise: parallel jobs of the variants below then start
-    one engine each (scripts/gpu_jobs.sh runs the baselines first)."""
+    runner. With DOMINOTREE_BF16_BASELINES set to a folder they are shared between test
+    processes through it: read when an earlier run saved them there, saved otherwise,
+    and with DOMINOTREE_BF16_BASELINES_WAIT_S also set, waited for that long first:
+    scripts/gpu_jobs.sh's suite runs each variant below in its own process beside the
+    process that computes the baselines (`-k baselines[toy]`)."""
     saved = os.environ.get("DOMINOTREE_BF16_BASELINES")
     path = None
     if saved:
         key = f"{pair['name']}-{len(pair['prompts'])}x{MAX_TOKENS}"
         path = Path(saved) / f"{key}.json"
+        wait_s = float(os.environ.get("DOMINOTREE_BF16_BASELINES_WAIT_S", "0"))
+        deadline = time.monotonic() + wait_s
+        while wait_s and not path.exists():
+            if time.monotonic() > deadline:
+                pytest.fail(f"no baselines in {path} after {wait_s:.0f} s (run -k baselines)")
+            time.sleep(5)
         if path.exists():
             found = json.loads(path.read_text())
             if found["prompts"] == pair["prompts"]:
@@ -139,12 +147,12 @@ def baselines(pair) -> dict:
         "num_speculative_tokens": pair["num_drafts"],
     }
     want = generate(pair, None)[0]
-    v1 = generate(pair, dflash, env={"VLLM_USE_V2_MODEL_RUNNER": "0"})[0]
-    diverged(v1, want, "vLLM dflash, V1 runner")
     found = {"want": want, "dflash": diverged(generate(pair, dflash)[0], want, "vLLM dflash")}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"prompts": pair["prompts"], "baselines": found}))
+        partial = path.with_suffix(".partial")  # readers never see half a file
+        partial.write_text(json.dumps({"prompts": pair["prompts"], "baselines": found}))
+        partial.rename(path)
     return found
 
 
@@ -161,7 +169,7 @@ def test_baselines(baselines):
 # output far more often (SmolLM2: 64 of 100, H200 2026-12-02); that is measured with
 # benchmarks/divergence_probe.py (`conditional-fixup`), not held to this bar.
 @pytest.mark.parametrize("scorer", ["chain", "marginal", "conditional"])
-def test_first_divergence_no_worse_than_vllm_dflash(pair, baselines, scorer):
+def test_first_divergence_no_worse_than_vllm_dflash(pair, scorer, request):
     config = {
         "method": "dominotree",
         "model": pair["domino"],
@@ -173,6 +181,8 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, baselines, scorer):
     assert stats["tree_attention"] == "paths"
     if scorer != "chain":
         assert stats["sibling_accepts"] > 0  # trees that branch, and rows that were fixed
+    # The baselines only now: a process of its own may still be computing them.
+    baselines = request.getfixturevalue("baselines")
     name = f"dominotree {scorer} ({stats['tree_attention']})"
     points = diverged(tokens, baselines["want"], name)
     # No worse: not significantly more prompts than vLLM's DFlash leaves.

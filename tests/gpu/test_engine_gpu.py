@@ -53,10 +53,24 @@ def expected(dirs):
     return generate(dirs, None, prompts=MIXED, enforce_eager=True)[0]
 
 
+@pytest.fixture(scope="module")
+def default_runs(dirs):
+    """scorer -> (tokens, stats) of PROMPTS under the engine's defaults, each run once
+    per test process (the drafts test below reuses the conditional one)."""
+    runs = {}
+
+    def run(scorer: str):
+        if scorer not in runs:
+            config = {"method": "dominotree", "model": str(dirs[1]), "scorer": scorer}
+            runs[scorer] = generate(dirs, config)
+        return runs[scorer]
+
+    return run
+
+
 @pytest.mark.parametrize("scorer", ["conditional", "marginal", "chain"])
-def test_greedy_equals_no_speculation_under_full_graphs(dirs, expected, scorer):
-    config = {"method": "dominotree", "model": str(dirs[1]), "scorer": scorer}
-    tokens, stats = generate(dirs, config)
+def test_greedy_equals_no_speculation_under_full_graphs(default_runs, expected, scorer):
+    tokens, stats = default_runs(scorer)
     print(scorer, stats)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["trees"] > 0
@@ -116,13 +130,15 @@ def test_greedy_eager(dirs, expected):
     assert stats["graph_drafts"] == 0 and stats["eager_drafts"] >= stats["steps"]
 
 
-def test_the_drafters_graph_drafts_what_vllms_pass_drafts(dirs, expected, monkeypatch):
+def test_the_drafters_graph_drafts_what_vllms_pass_drafts(
+    dirs, expected, default_runs, monkeypatch
+):
     """The query pass as the plugin's graph with the logits and the scorer's preparation
     in the build's graph (the defaults), and as vLLM's piecewise pass with them eager
     before the build (DOMINOTREE_DRAFT_GRAPHS=0, DOMINOTREE_PREPARE_IN_BUILD=0), draft
     the same trees: float32, same kernels, so the same acceptance to the token."""
     config = {"method": "dominotree", "model": str(dirs[1])}
-    graph_tokens, graph = generate(dirs, config)
+    graph_tokens, graph = default_runs("conditional")
     monkeypatch.setenv("DOMINOTREE_DRAFT_GRAPHS", "0")
     monkeypatch.setenv("DOMINOTREE_PREPARE_IN_BUILD", "0")
     pass_tokens, piecewise = generate(dirs, config)
