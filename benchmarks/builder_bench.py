@@ -8,8 +8,10 @@ build time is prepare (per-depth top-M, gathers) + the build until every tree is
 back on the host, measured with device syncs. Per configuration it also checks that the
 device builder's trees are the host heap's (tokens, parents, float64 scores).
 `--steps torch triton` measures both of the scorer's per-node steps (the compiled torch
-step, kernels/domino_step.py's launches) in one run. Writes builder_bench.json and
-builder_bench.md.
+step, kernels/domino_step.py's launches) in one run. `--profile` (CUDA) also lists the
+device build's kernels per build, calls and GPU microseconds, the largest first (which
+kernels a build's time is: the GRU's products or the small ones between them). Writes
+builder_bench.json and builder_bench.md.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.demo.toy_pair import random_domino_head
+from vllm_dominotree.engine.profiling import top_kernels_by_stage
+from vllm_dominotree.stage_clock import LABEL_PREFIX
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 
 HIDDEN, VOCAB, GRU, RANK, K = 2560, 151936, 1024, 256, 16
@@ -41,9 +45,31 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step):
+def build_kernels(builder, scorer, inputs, builds: int = 10) -> list[dict]:
+    """The device builder's kernels per build (CUDA): [{"kernel", "calls", "us"}], the
+    largest GPU time first, over `builds` replays of one prepared step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    hidden, base, anchors = inputs[0]
+    scorer.prepare(hidden, base)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(builds):
+            with record_function(LABEL_PREFIX + "build"):
+                builder.launch(anchors)
+        torch.cuda.synchronize()
+    kernels = top_kernels_by_stage(prof.events(), top=15).get("build", [])
+    if not kernels:
+        raise SystemExit("the profiler saw no kernel of the build")
+    return [
+        {"kernel": k["kernel"], "calls": k["calls"] / builds, "us": 1e3 * k["ms"] / builds}
+        for k in kernels
+    ]
+
+
+def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, profile):
     """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton")
-    -> {builder: stats}, trees equal."""
+    -> {builder: stats}, trees equal (the device builder's kernels with `profile`)."""
     shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
     scorer = make_scorer(
         "conditional",
@@ -94,6 +120,8 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
         )
     if device.type == "cuda" and builder.counts.eager_builds:
         raise SystemExit("the device builder ran outside its CUDA graphs")
+    if profile:
+        stats["device"]["kernels"] = build_kernels(builder, scorer, inputs)
     return stats
 
 
@@ -107,8 +135,11 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, nargs="+", default=[32, 64, 128])
     # the scorer's per-node step: the compiled torch step, the Triton launches (CUDA)
     parser.add_argument("--steps", nargs="+", default=["torch"], choices=["torch", "triton"])
+    parser.add_argument("--profile", action="store_true", help="the build's kernels (CUDA)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.profile and device.type != "cuda":
+        parser.error("--profile lists GPU kernels: it needs --device cuda")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     head = random_domino_head(
@@ -125,7 +156,9 @@ def main() -> None:
             inputs.append((hidden, base, anchors))
         for budget in args.budgets:
             for m, step in itertools.product(args.candidates, args.steps):
-                stats = measure(head, embed, device, batch, budget, m, args.rounds, inputs, step)
+                stats = measure(
+                    head, embed, device, batch, budget, m, args.rounds, inputs, step, args.profile
+                )
                 for name in BUILDERS:
                     row = {
                         "batch": batch,
@@ -176,7 +209,19 @@ def main() -> None:
         ]
         for r in rows
     ]
-    write_results(args.out, "builder_bench", {"meta": meta, "rows": rows}, header, table, intro)
+    outro = []
+    for r in rows:
+        if "kernels" in r:
+            outro += [
+                "",
+                f"Kernels per build: batch {r['batch']}, budget {r['budget']}, M "
+                f"{r['candidates']}, {r['step']} step (calls, GPU us):",
+                "",
+                *(f"- {k['calls']:g} x `{k['kernel'][:90]}`: {k['us']:.1f}" for k in r["kernels"]),
+            ]
+    write_results(
+        args.out, "builder_bench", {"meta": meta, "rows": rows}, header, table, intro, outro
+    )
 
 
 if __name__ == "__main__":

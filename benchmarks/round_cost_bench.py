@@ -228,14 +228,31 @@ def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[fl
     return last - first, rounds
 
 
+def per_round_kernels(top: dict[str, list[dict]], rounds: int) -> dict[str, list[dict]]:
+    """A traced pass's top kernels per stage, their calls and milliseconds per round."""
+    return {
+        stage: [
+            {"kernel": k["kernel"], "calls": k["calls"] / rounds, "ms": k["ms"] / rounds}
+            for k in kernels
+        ]
+        for stage, kernels in top.items()
+    }
+
+
 def write_trace_tables(path: Path, trace: dict) -> None:
     """The profiler's tables of the traced pass (a worker of an earlier version of the
     plugin returns none: nothing is written then)."""
     if "host_ops" in trace:
+        staged = [
+            f"{stage}: {k['calls']} x {k['kernel']}, {k['ms']:.3f} ms"
+            for stage, kernels in trace.get("top_kernels_by_stage", {}).items()
+            for k in kernels
+        ]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
             f"host ops by self time\n{trace['host_ops']}\n\n"
-            f"kernels by self time\n{trace['kernels']}\n"
+            f"kernels by self time\n{trace['kernels']}\n\n"
+            "kernels by stage (the whole traced pass)\n" + "\n".join(staged) + "\n"
         )
 
 
@@ -319,6 +336,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row["kernel_ms_per_round_by_stage"] = {
                     k: v / traced for k, v in trace["kernel_ms_by_stage"].items()
                 }
+                row["top_kernels_per_round_by_stage"] = per_round_kernels(
+                    trace.get("top_kernels_by_stage", {}), traced
+                )
                 row["trace_calls"] = trace["calls"]
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
             rows.append(row)

@@ -92,6 +92,7 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             assert host["draft"] + host["build"] < host["step"], host
             # The GPU's kernel time: none on this machine.
             assert r["kernel_ms_per_round"] == 0 and r["kernel_ms_per_round_by_stage"] == {}
+            assert r["top_kernels_per_round_by_stage"] == {}
         else:
             assert "profiled_ms" not in r
             # vLLM's own methods traced through the benchmark's worker extension, counted

@@ -103,6 +103,7 @@ class LaunchTrace:
             "host_ms": dict(host_ms),
             "kernel_ms": sum(kernel_ms.values()),
             "kernel_ms_by_stage": kernel_ms,
+            "top_kernels_by_stage": top_kernels_by_stage(events),
             "launches_by_stage": {k: dict(v) for k, v in by_stage.items()},
             "calls": dict(calls),
             "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
@@ -159,6 +160,33 @@ def device_ms_by_stage(events) -> dict[str, float]:
     fills (`Memcpy ...`, `Memset ...`) run on copy engines beside the kernels: left out.
     events: the profiler's events (device ones have device_type CUDA and a time range in
     microseconds)."""
+    by_stage: dict[str, float] = defaultdict(float)
+    for stage, _, ms in _staged_kernels(events):
+        by_stage[stage] += ms
+    return dict(by_stage)
+
+
+def top_kernels_by_stage(events, top: int = 12) -> dict[str, list[dict]]:
+    """Per stage (as device_ms_by_stage places them), its `top` kernels by GPU time:
+    [{"kernel": name, "calls": n, "ms": total}], the largest first. Says which kernels a
+    stage's milliseconds are (a build's GRU products against its small fused kernels)."""
+    found: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    for stage, name, ms in _staged_kernels(events):
+        entry = found[stage][name]
+        entry[0] += 1
+        entry[1] += ms
+    return {
+        stage: [
+            {"kernel": name, "calls": calls, "ms": ms}
+            for name, (calls, ms) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+        ]
+        for stage, kernels in found.items()
+    }
+
+
+def _staged_kernels(events):
+    """(stage, kernel name, milliseconds) of every GPU kernel among the events: its stage
+    the innermost stage range on the device's timeline that holds its start."""
     ranges, kernels = [], []
     for e in events:
         if e.device_type.name != "CUDA":
@@ -167,14 +195,12 @@ def device_ms_by_stage(events) -> dict[str, float]:
         if e.name.startswith(LABEL_PREFIX):
             ranges.append((*span, e.name[len(LABEL_PREFIX) :]))
         elif not e.name.startswith(("Memcpy", "Memset")):
-            kernels.append(span)
+            kernels.append((*span, e.name))
     ranges.sort()
     starts = [r[0] for r in ranges]
-    by_stage: dict[str, float] = defaultdict(float)
-    for start, end in kernels:
+    for start, end, name in kernels:
         # Ranges that begin at or before the kernel; the innermost holding it is the
         # shortest of those that end after its start.
         holding = [r for r in ranges[: bisect.bisect_right(starts, start)] if r[1] > start]
         stage = min(holding, key=lambda r: r[1] - r[0])[2] if holding else "outside"
-        by_stage[stage] += (end - start) / 1e3
-    return dict(by_stage)
+        yield stage, name, (end - start) / 1e3
