@@ -17,6 +17,8 @@
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/: the
 #                     rows of every round-cost call on this machine in one table (two or
 #                     three methods fit a call: `--methods ar dflash`, then others)
+#   builder [ARGS]    benchmarks/builder_bench.py (the device builder against the host heap;
+#                     `--profile`: each device build's kernels) -> $OUT/builder/
 #   rounding [ARGS]   benchmarks/tree_rounding_bench.py (tree rows' bf16 rounding against
 #                     FA3's decoding, and the fix-up's / paths' GPU time) -> $OUT/rounding/
 #   probe NAME [ARGS] benchmarks/divergence_probe.py on the SmolLM2 pair (first divergence
@@ -28,7 +30,8 @@
 #                     of this package
 #   train MINUTES     one training chunk of the SmolLM2 drafter, resumed from
 #                     artifacts/smollm2-run (shipped) or /tmp/w/run (earlier chunk on
-#                     this machine); the run comes back as $OUT/run.tar.* pieces
+#                     this machine), else started from the shipped drafter's weights;
+#                     the run comes back as $OUT/run.tar.* pieces
 #   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
 #                     -> $OUT/harness/
 #   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
@@ -216,6 +219,9 @@ tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding"
       --out "$OUT/round_cost_before" --models /tmp/rc_models "$@" 2>&1 | quiet |
       tee "$OUT/round_cost_before.log"
     ;;
+  builder)
+    python3 benchmarks/builder_bench.py --out "$OUT/builder" "$@" 2>&1 | quiet
+    ;;
   before)
     PYTHONPATH=$(before_path) "$@"
     ;;
@@ -224,6 +230,8 @@ tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding"
     [ -d "$work/run" ] || [ ! -d artifacts/smollm2-run ] || cp -rL artifacts/smollm2-run "$work/run"
     [ -f "$work/data.jsonl" ] || [ ! -f artifacts/smollm2-data.jsonl.xz ] ||
       xz -dc artifacts/smollm2-data.jsonl.xz > "$work/data.jsonl"
+    # No run to resume: train on from the shipped drafter rather than from scratch.
+    [ -d "$work/run" ] || export INIT_FROM=vllm_dominotree/drafters/smollm2-135m-instruct-domino
     DTYPE=bfloat16 MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$work" "$1" 2>&1 |
       grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee "$OUT/train.log"
     tar -C "$work" -cf - run | split -b 15m - "$OUT/run.tar."
@@ -240,9 +248,9 @@ tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding"
     xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
     ;;
   *)
-    echo "unknown job '$job': tests, round-cost, round-cost-before, rounding, probe, before," \
+    echo "unknown job '$job': tests, round-cost, round-cost-before, builder, rounding, probe, before," \
       "train MINUTES," \
-      "harness, data, serve PAIR, parallel 'JOB ARGS' ..., suite" >&2
+      "harness, data, serve PAIR, parallel 'JOB ARGS' ..., suite, bf16-variant ID" >&2
     exit 2
     ;;
 esac

@@ -8,6 +8,8 @@
 #    evaluation set, in DTYPE (default auto; bfloat16 on a GPU is faster) (once);
 # 3. WORK_DIR/run: one training chunk of MINUTES, resumed from WORK_DIR/run if it holds
 #    one (copy a chunk's run/ back there after a machine restart). Every file <= 16 MiB.
+#    Without one, INIT_FROM=DRAFTER_DIR starts the run from a released drafter (the
+#    shipped one: vllm_dominotree/drafters/smollm2-135m-instruct-domino) instead of anew.
 set -euo pipefail
 work=$1
 minutes=$2
@@ -18,4 +20,4 @@ python=${PYTHON:-python3}
   --out "$work/data.jsonl" --prompts "${PROMPTS:-12000}" --max-tokens 512 \
   --max-num-seqs "${MAX_NUM_SEQS:-256}" --dtype "${DTYPE:-auto}"
 "$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \
-  --out "$work/run" --minutes "$minutes"
+  --out "$work/run" --minutes "$minutes" ${INIT_FROM:+--init-from "$INIT_FROM"}

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from vllm_dominotree.config import DominoTreeConfig
 from vllm_dominotree.drafter import Drafter, read_spec
+from vllm_dominotree.drafter.checkpoint import load_tensors
 from vllm_dominotree.reference import ReferenceDecoder
 from vllm_dominotree.training.trainer import Trainer, load_sequences, make_batch
 
@@ -71,6 +72,37 @@ def test_training_improves_the_drafter_and_resumes(attentive_target, tmp_path):
         index = json.loads((folder / f"{prefix}.safetensors.index.json").read_text())
         on_disk = {f.name for f in folder.glob("*.safetensors")}
         assert on_disk == set(index["weight_map"].values()), "stale shards left behind"
+
+
+def test_a_new_run_starts_from_a_released_drafter(attentive_target, tmp_path):
+    """--init-from: a machine without the run's state trains on from the shipped drafter
+    (its bfloat16 weights, exactly, and its architecture over the options'); a drafter
+    of another target is refused with the reason."""
+    target_dir = attentive_target.name_or_path
+    data = self_distilled(attentive_target, tmp_path / "data.jsonl", count=6, length=24)
+    first = Trainer(target_dir, tmp_path / "first", **OPTIONS)
+    first.train(data, minutes=5, batch_size=2, anchors=4, max_steps=10)
+    shipped = first.export(tmp_path / "shipped")  # bfloat16, as the package ships it
+
+    other = OPTIONS | {"gru": 16, "emb": 8, "block_size": 4}  # overruled by the drafter
+    run = Trainer(target_dir, tmp_path / "run", **other, init_from=shipped)
+    assert run.progress["step"] == 0 and not run.optimizer.state_dict()["state"]
+    assert run.spec.gru_hidden_dim == 32 and run.spec.block_size == 6
+    expected = load_tensors(read_spec(shipped))
+    assert set(expected) == set(run.spec.expected_shapes())
+    for name, tensor in run._tensors(torch.float32).items():
+        assert torch.equal(tensor, expected[name].float()), name
+    progress = run.train(data, minutes=5, batch_size=2, anchors=4, max_steps=5)
+    assert progress["step"] == 5 and len(progress["losses"]) == 5
+    # A later chunk resumes the run itself; --init-from no longer applies.
+    again = Trainer(target_dir, tmp_path / "run", **OPTIONS, init_from=tmp_path / "missing")
+    assert again.progress["step"] == 5
+
+    config = json.loads((shipped / "config.json").read_text())
+    config["hidden_size"] = 2 * config["hidden_size"]
+    (shipped / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="a drafter for another target"):
+        Trainer(target_dir, tmp_path / "refused", **OPTIONS, init_from=shipped)
 
 
 def anchor_loss(trainer: Trainer, tokens: list[int], p: int) -> tuple[torch.Tensor, torch.Tensor]:

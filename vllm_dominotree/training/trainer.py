@@ -10,6 +10,9 @@ checkpoint, trains until the time box ends, and leaves
   out/state/     Adam's moments (bfloat16) and progress.json,
 every file <= 16 MiB, so a chunk may end anywhere and the next one (on a fresh machine)
 picks up there. `--export DIR` writes the drafter in bfloat16 for shipping.
+`--init-from DIR` starts a new run from a released Domino drafter's weights instead of
+a fresh one (its architecture, Adam's moments from zero, the warm-up again): a machine
+that has lost the run's state continues from the shipped drafter.
 
 The objective (per anchor position p in a response, K = block_size drafts with
 shift_label): block [x_p, MASK...] over the target's context features of x_0..x_{p-1};
@@ -39,7 +42,9 @@ from transformers import AutoModelForCausalLM
 from ..drafter import checkpoint
 from ..drafter.checkpoint import (
     default_target_layer_ids,
+    load_tensors,
     read_shards,
+    read_spec,
     write_checkpoint,
     write_shards,
 )
@@ -112,6 +117,28 @@ def initial_tensors(config: dict, target, generator: torch.Generator) -> dict[st
     return tensors
 
 
+def released_start(drafter_dir: Path, target_config) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A released Domino drafter's config and float32 tensors, as a new run's start; it
+    must be a drafter of this target (hidden size, vocabulary, layer count)."""
+    spec = read_spec(drafter_dir)
+    if not spec.is_domino:
+        raise ValueError(
+            f"--init-from {drafter_dir}: a plain DFlash checkpoint; training needs a Domino "
+            "drafter (dflash_config.projector_type 'domino')"
+        )
+    t = target_config
+    theirs = (spec.hidden_size, spec.vocab_size, spec.num_target_layers)
+    ours = (t.hidden_size, t.vocab_size, t.num_hidden_layers)
+    if theirs != ours:
+        raise ValueError(
+            f"--init-from {drafter_dir}: a drafter for another target (hidden size, "
+            f"vocabulary, layers {theirs}; this target's {ours})"
+        )
+    config = json.loads((Path(drafter_dir) / "config.json").read_text())
+    config["torch_dtype"] = "float32"
+    return config, {n: t.float() for n, t in load_tensors(spec).items()}
+
+
 def load_sequences(path: Path) -> list[tuple[list[int], int]]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [(r["tokens"], r["prompt_len"]) for r in rows]
@@ -180,7 +207,10 @@ class Trainer:
         device: str,
         decay: float | None = None,
         warmup: int = 0,
+        init_from: Path | None = None,
     ):
+        """init_from: a released drafter a new run starts from (its architecture wins over
+        block_size, layers, target_layers, gru and emb); ignored when `out` holds a run."""
         self.device = torch.device(device)
         self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         self.target.to(self.device).eval().requires_grad_(False)
@@ -192,17 +222,20 @@ class Trainer:
         drafter_dir, state_dir = out / "drafter", out / "state"
         if not (state_dir / "progress.json").is_file():
             cfg = self.target.config
-            mask = cfg.vocab_size - 1 if cfg.eos_token_id is None else _first(cfg.eos_token_id)
-            config = drafter_config(
-                cfg,
-                block_size=block_size,
-                layers=layers,
-                target_layers=target_layers,
-                gru=gru,
-                emb=emb,
-                mask_token_id=mask,
-            )
-            tensors = initial_tensors(config, self.target, torch.Generator().manual_seed(seed))
+            if init_from is not None:
+                config, tensors = released_start(init_from, cfg)
+            else:
+                mask = cfg.vocab_size - 1 if cfg.eos_token_id is None else _first(cfg.eos_token_id)
+                config = drafter_config(
+                    cfg,
+                    block_size=block_size,
+                    layers=layers,
+                    target_layers=target_layers,
+                    gru=gru,
+                    emb=emb,
+                    mask_token_id=mask,
+                )
+                tensors = initial_tensors(config, self.target, torch.Generator().manual_seed(seed))
             write_checkpoint(drafter_dir, config, tensors, max_shard_bytes=MAX_FILE_BYTES)
         self.drafter = Drafter.load(str(drafter_dir), device=self.device).requires_grad_(True)
         self.spec = self.drafter.spec
@@ -401,6 +434,12 @@ def main() -> None:
     parser.add_argument("--decay", type=float, default=7.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--export", type=Path, help="also write the drafter in bfloat16 here")
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        help="a new run starts from this released Domino drafter (its architecture; fresh "
+        "optimizer and warm-up); ignored when --out holds a run",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     trainer = Trainer(
@@ -416,6 +455,7 @@ def main() -> None:
         device=args.device,
         decay=args.decay,
         warmup=args.warmup,
+        init_from=args.init_from,
     )
     progress = trainer.train(
         load_sequences(args.data),
