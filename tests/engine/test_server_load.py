@@ -3,10 +3,11 @@
 64 concurrent streamed completions of mixed lengths (greedy and seeded sampled), some
 abandoned mid-stream by their client, some refused for an option the plugin lacks, on a
 KV cache small enough that the scheduler must preempt. Every surviving greedy output
-equals the plain server's; seeded outputs repeat in a second identical load; the
-refused ones get a 400 naming the option; every abandoned request frees its KV (the
-server's own KV usage returns to zero); nothing hangs (every request has a deadline);
-the server stays up. Loopback only, bounded in count and time.
+equals the plain server's (which gets the load without its seeded requests); seeded
+outputs repeat in a second identical load; the refused ones get a 400 naming the option;
+every abandoned request frees its KV (the server's own KV usage returns to zero);
+nothing hangs (every request has a deadline); both servers stay up. Loopback only,
+bounded in count and time.
 """
 
 from __future__ import annotations
@@ -78,7 +79,13 @@ def test_load_with_aborts_refusals_and_preemption(servers):
     assert kinds == {"greedy", "seeded", "abort", "reject"}
     preempted = tree.metrics().get("vllm:num_preemptions_total", 0.0)
 
-    want, _ = run_load(plain.url, SERVED_NAME, load, CONCURRENCY, REQUEST_TIMEOUT_S)
+    # The plain server gets no seeded request: vLLM 0.32's CPU runner without speculation
+    # dies on one whose prefill is chunked (it rewinds the request's CPU generator, which
+    # raises "CPU Generator does not use offset"; the plugin's runner does not,
+    # engine/runner.py), and a seeded output is compared with its own repeat anyway.
+    reference = [r for r in load if r.kind != "seeded"]
+    results, _ = run_load(plain.url, SERVED_NAME, reference, CONCURRENCY, REQUEST_TIMEOUT_S)
+    want = {r.index: result for r, result in zip(reference, results, strict=True)}
     first, _ = run_load(tree.url, SERVED_NAME, load, CONCURRENCY, REQUEST_TIMEOUT_S)
     after_first = wait_idle(tree)
     second, _ = run_load(tree.url, SERVED_NAME, load, CONCURRENCY, REQUEST_TIMEOUT_S)
@@ -92,8 +99,9 @@ def test_load_with_aborts_refusals_and_preemption(servers):
             f"{log_tail(server.log)}"
         )
     assert after_first["vllm:num_preemptions_total"] > preempted, "no preemption: cache too big"
-    for request, base, a, b in zip(load, want, first, second, strict=True):
+    for request, a, b in zip(load, first, second, strict=True):
         label = f"request {request.index} ({request.kind})"
+        base = want.get(request.index)
         if request.kind == "reject":
             for r in (a, b):
                 assert r.status == 400, (label, r.status, r.error)
