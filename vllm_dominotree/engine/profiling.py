@@ -92,7 +92,8 @@ class LaunchTrace:
         def total(names):
             return sum(calls.get(n, 0) for n in names)
 
-        kernel_ms = device_ms_by_stage(events)
+        staged = list(_staged_kernels(events))  # placed once for both summaries
+        kernel_ms = _ms_by_stage(staged)
 
         return {
             "graph_launches": total(GRAPH_LAUNCHES),
@@ -103,7 +104,7 @@ class LaunchTrace:
             "host_ms": dict(host_ms),
             "kernel_ms": sum(kernel_ms.values()),
             "kernel_ms_by_stage": kernel_ms,
-            "top_kernels_by_stage": top_kernels_by_stage(events),
+            "top_kernels_by_stage": _top_by_stage(staged, top=12),
             "launches_by_stage": {k: dict(v) for k, v in by_stage.items()},
             "calls": dict(calls),
             "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
@@ -160,18 +161,26 @@ def device_ms_by_stage(events) -> dict[str, float]:
     fills (`Memcpy ...`, `Memset ...`) run on copy engines beside the kernels: left out.
     events: the profiler's events (device ones have device_type CUDA and a time range in
     microseconds)."""
-    by_stage: dict[str, float] = defaultdict(float)
-    for stage, _, ms in _staged_kernels(events):
-        by_stage[stage] += ms
-    return dict(by_stage)
+    return _ms_by_stage(_staged_kernels(events))
 
 
 def top_kernels_by_stage(events, top: int = 12) -> dict[str, list[dict]]:
     """Per stage (as device_ms_by_stage places them), its `top` kernels by GPU time:
     [{"kernel": name, "calls": n, "ms": total}], the largest first. Says which kernels a
     stage's milliseconds are (a build's GRU products against its small fused kernels)."""
+    return _top_by_stage(_staged_kernels(events), top)
+
+
+def _ms_by_stage(staged) -> dict[str, float]:
+    by_stage: dict[str, float] = defaultdict(float)
+    for stage, _, ms in staged:
+        by_stage[stage] += ms
+    return dict(by_stage)
+
+
+def _top_by_stage(staged, top: int) -> dict[str, list[dict]]:
     found: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
-    for stage, name, ms in _staged_kernels(events):
+    for stage, name, ms in staged:
         entry = found[stage][name]
         entry[0] += 1
         entry[1] += ms
