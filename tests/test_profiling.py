@@ -21,9 +21,15 @@ from vllm_dominotree.engine.profiling import (
 from vllm_dominotree.stage_clock import LABEL_PREFIX
 
 
-def event(name, start, end, device=DeviceType.CUDA):
+def event(name, start, end, device=DeviceType.CUDA, annotation=None):
+    """A profiler event; ranges (the stages, vLLM's scopes) are user annotations."""
+    if annotation is None:
+        annotation = name.startswith(LABEL_PREFIX)
     return SimpleNamespace(
-        name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end)
+        name=name,
+        device_type=device,
+        time_range=SimpleNamespace(start=start, end=end),
+        is_user_annotation=annotation,
     )
 
 
@@ -43,6 +49,9 @@ def test_kernels_go_to_the_innermost_stage_around_their_start():
         event("Memcpy DtoH (Device -> Pinned)", 130, 140),  # a copy engine's: left out
         event("Memset (Device)", 510, 512),
         event("aten::mm", 120, 300, device=DeviceType.CPU),  # the host's: left out
+        # vLLM's own scopes on the device's timeline: ranges, not kernels, and no stages.
+        event("gpu_model_runner: preprocess", 90, 1000, annotation=True),
+        event("gpu_model_runner: draft", 1400, 1600, annotation=True),
     ]
     got = device_ms_by_stage(events)
     assert got == pytest.approx({"verify": 0.27, "build": 0.05, "step": 0.15, "outside": 0.01})
