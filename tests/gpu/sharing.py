@@ -35,11 +35,14 @@ def run_engine(
     params,
     speculative_config: dict | None = None,
     env: dict | None = None,
+    margins: bool = False,
     **engine,
-) -> tuple[list[list[int]], dict | None]:
+) -> tuple:
     """One engine over the prompts: their output tokens, and the plugin's stats when the
-    engine speculates with it. env: variables for the engine's processes (spawned with
-    it); engine: LLM's arguments (engine_memory's among them)."""
+    engine speculates with it; with `margins` (params asking for logprobs >= 2) also, per
+    prompt and output position, (the top token's log-prob lead over the runner-up, the
+    runner-up). env: variables for the engine's processes (spawned with it); engine:
+    LLM's arguments (engine_memory's among them)."""
     import gc
 
     import pytest
@@ -64,4 +67,8 @@ def run_engine(
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+    if margins:
+        from divergence_stats import top_two_margins
+
+        return tokens, stats, [top_two_margins(o.outputs[0].logprobs) for o in outputs]
     return tokens, stats
