@@ -81,6 +81,7 @@ def attend_case(tables: PathTables, case) -> torch.Tensor:
         tables,
         query.shape[-1] ** -0.5,
         17,
+        int(case[5].max()),
         got,
         varlen=fa3_stand_in,
     )

@@ -164,14 +164,18 @@ def built_path_tables(args, tables=None):
     return tables
 
 
-def paths_output(args, each_row: bool, max_rows: int = 17, tables=None) -> torch.Tensor:
+def paths_output(
+    args, each_row: bool, max_rows: int = 17, tables=None, max_seqlen_k: int | None = None
+) -> torch.Tensor:
     """A random_case batch's fixed rows through FA3 over path requests (CUDA;
     engine/tree_paths.py), the other rows left at 7.0 (tables: path_tables', made here
-    unless given)."""
+    unless given; max_seqlen_k: the batch's longest sequence unless given)."""
     from vllm_dominotree.engine.cuda_attention import attend_paths
 
     query, key_cache, value_cache = args[:3]
     tables = tables or path_tables(args, each_row)
+    longest = int(args[5].max()) if max_seqlen_k is None else max_seqlen_k
     out = torch.full_like(query, 7.0)
-    attend_paths(query, key_cache, value_cache, tables, query.shape[-1] ** -0.5, max_rows, out)
+    scale = query.shape[-1] ** -0.5
+    attend_paths(query, key_cache, value_cache, tables, scale, max_rows, longest, out)
     return out

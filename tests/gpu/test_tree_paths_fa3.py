@@ -43,6 +43,22 @@ def test_paths_match_dense_reference_and_decoding(seed, shape):
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_paths_right_when_max_seqlen_k_is_below_the_true_lengths(seed):
+    """The runner calls FA3 for the paths as vLLM calls it for the stock pass, with the
+    step's longest sequence as max_seqlen_k; a FULL graph keeps the value of its capture
+    (vLLM captures with sequences as short as the query), and replays with prefixes of
+    any length. FA3 must then still read each request's true key count (seqused_k)."""
+    args = random_case("cuda", torch.bfloat16, seed, heads=32, kv_heads=8, head_dim=128)
+    fixed = args[-1].bool()
+    assert int(args[5].max()) > 4 * 17  # prefixes far longer than the captured bound
+    got = paths_output(args, each_row=False, max_seqlen_k=17)
+    want = torch.zeros(args[0].shape, device="cuda")
+    tree_attention_reference(args[0].float(), *args[1:], 128**-0.5, want)
+    assert (got[fixed].float() - want[fixed]).abs().max() < 3e-2
+    assert (got[~fixed] == 7.0).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_tables_built_on_the_gpu_wait_for_nothing_and_give_the_hosts_rows(seed):
     """The runner builds each step's path requests on the device (PathTables.build) so
     that asynchronous scheduling stays on: no wait for the GPU (CUDA's sync check), and
