@@ -110,7 +110,16 @@ class DeviceTreeBuilder:
         self.counts = BuildCounts()
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
-        self._advance = compiled(self._advance_rows, device)
+        # The conditional scorer's torch step: one compiled function per pop, Inductor
+        # fusing the step with the pop's bookkeeping (the H200's build at batch 1 ran two
+        # separate `where`s and ~7 small kernels per pop around them). Otherwise only the
+        # bookkeeping is compiled: the Triton step launches its own kernels, the
+        # marginal's children are two gathers (and one code object compiled for two
+        # scorer classes trips Dynamo 2.11 when it explains a recompilation).
+        if scorer.step == "torch":
+            self._pop, self._advance = compiled(self._pop_rows, device), self._advance_rows
+        else:
+            self._pop, self._advance = self._pop_rows, compiled(self._advance_rows, device)
 
     @torch.no_grad()
     def build(self, anchors: torch.Tensor) -> list[DraftTree]:
@@ -195,32 +204,40 @@ class DeviceTreeBuilder:
         token, depth = anchors, node
         expand = torch.ones_like(anchors, dtype=torch.bool)
         for t in range(self.shape.budget):  # the last pop fills the tree: no children after
-            logprobs, tokens = self.scorer.children(
-                rows,
-                torch.where(expand, node, self.scorer.scratch_slot),
-                parent,
-                token,
-                torch.where(expand, depth, 0),
-            )
-            node, parent, token, depth, expand = self._advance(
-                self.tokens[:p],
-                self.parents[:p],
-                self.depths[:p],
-                self.scores[:p],
-                self.child_logprobs[:p],
-                self.child_tokens[:p],
-                self.next_rank[:p],
-                self.push_seq[:p],
-                self.count[:p],
-                self.spine_tip[:p],
-                node,
-                expand,
-                logprobs,
-                tokens,
-                self.seqs[2 * t],
-                self.seqs[2 * t + 1],
+            node, parent, token, depth, expand = self._pop(
+                rows, node, parent, token, depth, expand, self.seqs[2 * t], self.seqs[2 * t + 1]
             )
         self._finish(p)
+
+    def _pop_rows(self, rows, node, parent, token, depth, expand, record_seq, pop_seq):
+        """One iteration for [p] rows: the children of every row's last new node (rows
+        that expand nothing compute into the scratch slot), filed, then one pop."""
+        p = rows.shape[0]
+        logprobs, tokens = self.scorer.children(
+            rows,
+            torch.where(expand, node, self.scorer.scratch_slot),
+            parent,
+            token,
+            torch.where(expand, depth, 0),
+        )
+        return self._advance(
+            self.tokens[:p],
+            self.parents[:p],
+            self.depths[:p],
+            self.scores[:p],
+            self.child_logprobs[:p],
+            self.child_tokens[:p],
+            self.next_rank[:p],
+            self.push_seq[:p],
+            self.count[:p],
+            self.spine_tip[:p],
+            node,
+            expand,
+            logprobs,
+            tokens,
+            record_seq,
+            pop_seq,
+        )
 
     def _grow_chain(self, p: int) -> None:
         """The chain: the scorer's unrolled decoder, one block."""
