@@ -18,8 +18,11 @@ Reported per shape, context and batch: the share of output elements that differ 
 decode's, bit for bit, the mean / max absolute error against exact, and the GPU time of
 the step's passes per layer (CUDA events, median of repeated launches): the stock FA3 pass
 over the real requests (what vLLM's forward runs), the fix-up, and the paths pass (its
-tables published beforehand, as the runner does before the forward). Writes
-tree_rounding.json / .md.
+tables published beforehand, as the runner does before the forward). The paths pass is
+timed with FA3 told the batch's longest sequence (what the runner passes since
+2026-12-03) and the model's length (before), each with FA3's own split count and with
+vLLM's bound under FULL graphs (SPLITS_UNDER_GRAPHS): which of them made the H200's path
+pass cost 4 ms per round at batch 16. Writes tree_rounding.json / .md.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from tree_attention_check import path_tables, paths_output, random_case  # the t
 
 SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # heads, KV heads, head dim
 ROWS = 17  # budget 16 + the root
+MODEL_LENGTH = 40960  # Qwen3-4B's: the paths pass's max_seqlen_k until 2026-12-03
+SPLITS_UNDER_GRAPHS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph default
 
 
 def gpu_ms(launch, repeats: int = 30) -> float:
@@ -89,7 +94,7 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
     stock_out = torch.empty_like(query)
     longest = int(seq_lens.max())
 
-    def stock():
+    def stock(num_splits: int = 0):
         flash_attn_varlen_func(
             q=query,
             k=key_cache,
@@ -103,12 +108,20 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
             causal=True,
             block_table=block_table,
             fa_version=3,
+            num_splits=num_splits,
         )
+
+    def paths(max_seqlen_k: int, num_splits: int):
+        return gpu_ms(lambda: paths_output(args, False, ROWS, tables, max_seqlen_k, num_splits))
 
     timings = {
         "stock_ms": gpu_ms(stock),
+        "stock_graph_splits_ms": gpu_ms(lambda: stock(SPLITS_UNDER_GRAPHS)),
         "fixup_ms": gpu_ms(lambda: fixup(*args, scale, outputs["fixup"])),
-        "paths_ms": gpu_ms(lambda: paths_output(args, False, ROWS, tables)),
+        "paths_ms": paths(longest, 0),
+        "paths_graph_splits_ms": paths(longest, SPLITS_UNDER_GRAPHS),
+        "paths_model_length_ms": paths(MODEL_LENGTH, 0),
+        "paths_model_length_graph_splits_ms": paths(MODEL_LENGTH, SPLITS_UNDER_GRAPHS),
     }
     exact = torch.zeros(query.shape, dtype=torch.float32, device="cuda")
     tree_attention_reference(query.float(), *args[1:], scale, exact)
@@ -129,6 +142,17 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
     return result
 
 
+TIMINGS = (
+    "stock_ms",
+    "stock_graph_splits_ms",
+    "fixup_ms",
+    "paths_ms",
+    "paths_graph_splits_ms",
+    "paths_model_length_ms",
+    "paths_model_length_graph_splits_ms",
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -146,7 +170,7 @@ def main() -> None:
             r["fixed_rows"],
             *(f"{100 * r[m]['differs_from_decode']:.2f}%" for m in methods[1:]),
             *(f"{r[m]['mean_abs_error']:.2e}" for m in methods),
-            *(f"{r[k]:.3f}" for k in ("stock_ms", "fixup_ms", "paths_ms")),
+            *(f"{r[k]:.3f}" for k in TIMINGS),
         ]
         for r in results
     ]
@@ -167,8 +191,12 @@ def main() -> None:
                 "paths mean |err|",
                 "fixup mean |err|",
                 "stock FA3 ms",
+                f"stock, {SPLITS_UNDER_GRAPHS} splits",
                 "fix-up ms",
                 "paths ms (incl. its query gather and copy)",
+                f"paths, {SPLITS_UNDER_GRAPHS} splits",
+                "paths, model length",
+                f"paths, model length, {SPLITS_UNDER_GRAPHS} splits",
             ],
             rows,
             [

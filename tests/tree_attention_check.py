@@ -165,11 +165,17 @@ def built_path_tables(args, tables=None):
 
 
 def paths_output(
-    args, each_row: bool, max_rows: int = 17, tables=None, max_seqlen_k: int | None = None
+    args,
+    each_row: bool,
+    max_rows: int = 17,
+    tables=None,
+    max_seqlen_k: int | None = None,
+    num_splits: int = 0,
 ) -> torch.Tensor:
     """A random_case batch's fixed rows through FA3 over path requests (CUDA;
     engine/tree_paths.py), the other rows left at 7.0 (tables: path_tables', made here
-    unless given; max_seqlen_k: the batch's longest sequence unless given)."""
+    unless given; max_seqlen_k: the batch's longest sequence unless given; num_splits:
+    FA3's, 0 its own heuristic, the engine's under FULL graphs vLLM's bound)."""
     from vllm_dominotree.engine.cuda_attention import attend_paths
 
     query, key_cache, value_cache = args[:3]
@@ -177,5 +183,7 @@ def paths_output(
     longest = int(args[5].max()) if max_seqlen_k is None else max_seqlen_k
     out = torch.full_like(query, 7.0)
     scale = query.shape[-1] ** -0.5
-    attend_paths(query, key_cache, value_cache, tables, scale, max_rows, longest, out)
+    attend_paths(
+        query, key_cache, value_cache, tables, scale, max_rows, longest, out, num_splits=num_splits
+    )
     return out
