@@ -21,8 +21,10 @@ over the real requests (what vLLM's forward runs), the fix-up, and the paths pas
 tables published beforehand, as the runner does before the forward). The paths pass is
 timed with FA3 told the batch's longest sequence (what the runner passes since
 2026-12-03) and the model's length (before), each with FA3's own split count and with
-vLLM's bound under FULL graphs (SPLITS_UNDER_GRAPHS): which of them made the H200's path
-pass cost 4 ms per round at batch 16. Writes tree_rounding.json / .md.
+vLLM's bound under FULL graphs (SPLITS_UNDER_GRAPHS; FA3 takes a given count as is, and
+allocates and combines that many partial outputs per query row), and with one split:
+which of them made the H200's path pass cost 4 ms per round at batch 16. Writes
+tree_rounding.json / .md.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
         "fixup_ms": gpu_ms(lambda: fixup(*args, scale, outputs["fixup"])),
         "paths_ms": paths(longest, 0),
         "paths_graph_splits_ms": paths(longest, SPLITS_UNDER_GRAPHS),
+        "paths_one_split_ms": paths(longest, 1),
         "paths_model_length_ms": paths(MODEL_LENGTH, 0),
         "paths_model_length_graph_splits_ms": paths(MODEL_LENGTH, SPLITS_UNDER_GRAPHS),
     }
@@ -148,6 +151,7 @@ TIMINGS = (
     "fixup_ms",
     "paths_ms",
     "paths_graph_splits_ms",
+    "paths_one_split_ms",
     "paths_model_length_ms",
     "paths_model_length_graph_splits_ms",
 )
@@ -195,6 +199,7 @@ def main() -> None:
                 "fix-up ms",
                 "paths ms (incl. its query gather and copy)",
                 f"paths, {SPLITS_UNDER_GRAPHS} splits",
+                "paths, one split",
                 "paths, model length",
                 f"paths, model length, {SPLITS_UNDER_GRAPHS} splits",
             ],
