@@ -127,10 +127,8 @@ class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
     def recompute_paths(self, query, key_cache, value_cache, verification, attn_metadata, rows):
         """The fixed rows once more through FA3, as the queries of the step's path
         requests (tree_paths.py), written over the stock pass's rows. FA3 is called as
-        the stock pass is (its longest sequence and split bound): with the model's
-        length as max_seqlen_k (until 2026-12-03) FA3 sized its splits for sequences
-        that long, and the path pass took most of FA3's 4.2 ms per round at batch 16
-        on the H200."""
+        the stock pass is (the step's longest sequence, vLLM's split bound); what the
+        pass costs under each setting: benchmarks/tree_rounding_bench.py."""
         attend_paths(
             query,
             key_cache,
