@@ -116,6 +116,7 @@ class DeviceTreeBuilder:
         # bookkeeping is compiled: the Triton step launches its own kernels, the
         # marginal's children are two gathers (and one code object compiled for two
         # scorer classes trips Dynamo 2.11 when it explains a recompilation).
+        self._start = compiled(self._start_rows, device)
         if scorer.step == "torch":
             self._pop, self._advance = compiled(self._pop_rows, device), self._advance_rows
         else:
@@ -187,6 +188,20 @@ class DeviceTreeBuilder:
         if self.chain:
             self._grow_chain(p)
             return
+        # The root is the first new node; each iteration asks the scorer for the last new
+        # node's children, files them in the frontier, and pops the next node.
+        node, parent, token, depth, expand = self._start(anchors)
+        for t in range(self.shape.budget):  # the last pop fills the tree: no children after
+            node, parent, token, depth, expand = self._pop(
+                rows, node, parent, token, depth, expand, self.seqs[2 * t], self.seqs[2 * t + 1]
+            )
+        self._finish(p)
+
+    def _start_rows(self, anchors):
+        """Empty trees for [p] rows, each with its root (compiled on CUDA: one or two
+        kernels in place of a dozen fills) -> the root as the first new node: its slot,
+        parent state slot, token, depth, and that it needs children."""
+        p = anchors.shape[0]
         self.tokens[:p] = -1
         self.tokens[:p, 0] = anchors
         self.parents[:p] = UNUSED
@@ -197,17 +212,9 @@ class DeviceTreeBuilder:
         self.push_seq[:p] = 0
         self.count[:p] = 1
         self.spine_tip[:p] = 0 if self.shape.spine else -1
-        # The root is the first new node; each iteration asks the scorer for the last new
-        # node's children, files them in the frontier, and pops the next node.
         node = torch.zeros_like(anchors)
         parent = torch.full_like(anchors, self.scorer.zero_slot)
-        token, depth = anchors, node
-        expand = torch.ones_like(anchors, dtype=torch.bool)
-        for t in range(self.shape.budget):  # the last pop fills the tree: no children after
-            node, parent, token, depth, expand = self._pop(
-                rows, node, parent, token, depth, expand, self.seqs[2 * t], self.seqs[2 * t + 1]
-            )
-        self._finish(p)
+        return node, parent, anchors, node, torch.ones_like(anchors, dtype=torch.bool)
 
     def _pop_rows(self, rows, node, parent, token, depth, expand, record_seq, pop_seq):
         """One iteration for [p] rows: the children of every row's last new node (rows
