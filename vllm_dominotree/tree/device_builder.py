@@ -117,6 +117,8 @@ class DeviceTreeBuilder:
         # marginal's children are two gathers (and one code object compiled for two
         # scorer classes trips Dynamo 2.11 when it explains a recompilation).
         self._start = compiled(self._start_rows, device)
+        # The finished slots' ancestry (a few dozen small torch ops) fused as well.
+        self._describe = compiled(describe_slots, device)
         if scorer.step == "torch":
             self._pop, self._advance = compiled(self._pop_rows, device), self._advance_rows
         else:
@@ -268,7 +270,7 @@ class DeviceTreeBuilder:
         """The built slots into the verification table."""
         s = self.slots
         tokens, parents, depths = self.tokens[:p, :s], self.parents[:p, :s], self.depths[:p, :s]
-        describe_slots(tokens, parents, depths, self.table[:, :p, :s])
+        self._describe(tokens, parents, depths, self.table[:, :p, :s])
 
     def _advance_rows(
         self,
