@@ -63,6 +63,12 @@ def server_args(args, speculative: dict | None) -> list[str]:
     if args.kv_cache_gib:
         out += ["--gpu-memory-utilization", "0.08"]
         out += ["--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30))]
+    elif not torch.cuda.is_available():
+        # vLLM's CPU backend wants that share of the node's memory free at startup, and
+        # the first server's is not always all given back by then (the second server
+        # once found 18.25 of 19.84 GiB free against 0.92 wanted and refused to start);
+        # the KV cache is fixed by KV_ARGS, so half is plenty.
+        out += ["--gpu-memory-utilization", "0.5"]
     if speculative:
         out += ["--speculative-config", json.dumps(speculative)]
     return out
