@@ -19,11 +19,15 @@ def test_the_check_measures_recomputed_rows_against_the_reference():
     check = AttentionCheck()
     check.record("layers.0", *case, scale, rows)
     assert check.layers == 1 and check.rows == int(needs_fix.sum()) > 0
-    assert check.max_error < 1e-6
+    assert check.max_error < 1e-6 and check.max_relative_error < 1e-6
     wrong = int(needs_fix.nonzero()[-1])
     rows[wrong] += 0.5  # a recomputed row off by 0.5
     check.record("layers.1", *case, scale, rows)
     assert abs(check.max_error - 0.5) < 1e-5 and check.worst_layer == "layers.1"
+    reference = torch.zeros_like(query)
+    tree_attention_reference(*case, scale, reference)
+    largest = float(reference[needs_fix.bool()].abs().max())
+    assert abs(check.max_relative_error - 0.5 / largest) < 1e-5
     rows[~needs_fix.bool()] = 9.0  # rows left to the stock kernel are not its business
     check.record("layers.2", *case, scale, rows)
     assert check.layers == 3 and check.worst_layer == "layers.1"

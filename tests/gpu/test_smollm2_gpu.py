@@ -103,3 +103,30 @@ def test_recomputed_rows_are_right_up_to_rounding(pair):
     print("tree attention check", check, stats["tree_attention"])
     assert stats["tree_attention"] == "fixup" and check["rows"] > 0
     assert check["max_error"] < 1e-3, check
+
+
+def test_path_rows_are_right_up_to_bf16_rounding(pair):
+    """The same check in bfloat16, where the target runs FA3 and the tree rows are
+    computed by FA3 over path requests (the bf16 test's engines): every recomputed row
+    within bf16's rounding of the dense float32 reference, relative to the layer's
+    largest value. FA3 rounds its probabilities to bf16 before the value product (about
+    2^-8 relative); a row with a wrong key set is off by tens of percent."""
+    from vllm import SamplingParams
+
+    target, prompts = pair
+    config = {"method": "dominotree", "model": str(DRAFTER_DIR), "scorer": "conditional"}
+    _, stats = run_engine(
+        target,
+        prompts[:8],
+        SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
+        config,
+        {"DOMINOTREE_CHECK_TREE_ATTENTION": "1"},
+        dtype="bfloat16",
+        max_model_len=2048,
+        enforce_eager=True,
+        **engine_memory(kv_gib=2),
+    )
+    check = stats["tree_attention_check"]
+    print("tree attention check", check, stats["tree_attention"])
+    assert stats["tree_attention"] == "paths" and check["rows"] > 0
+    assert check["max_relative_error"] < 2**-5, check

@@ -30,6 +30,9 @@ class AttentionCheck:
     rows: int = 0  # recomputed rows checked (summed over layers)
     max_error: float = 0.0  # the largest |row - reference| element seen
     worst_layer: str = ""
+    # The largest of a layer's max |row - reference| over its max |reference|: bf16's
+    # rounding is relative (a row of large values rounds by more), a wrong row is not.
+    max_relative_error: float = 0.0
 
     def record(
         self,
@@ -64,11 +67,15 @@ class AttentionCheck:
             scale,
             want,
         )
-        error = float((rows[:num_tokens][fixed].float() - want[:num_tokens][fixed]).abs().max())
+        reference = want[:num_tokens][fixed]
+        error = float((rows[:num_tokens][fixed].float() - reference).abs().max())
+        scale = float(reference.abs().max())
         self.layers += 1
         self.rows += int(fixed.sum())
         if error > self.max_error:
             self.max_error, self.worst_layer = error, layer
+        if scale > 0:
+            self.max_relative_error = max(self.max_relative_error, error / scale)
 
 
 CHECK = AttentionCheck()
