@@ -135,7 +135,8 @@ case $job in
     jobs=(
       "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py"
       "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
-tests/gpu/test_accept_graphs.py tests/gpu/test_smollm2_gpu.py::test_path_rows_are_right_up_to_bf16_rounding"
+tests/gpu/test_accept_graphs.py \
+tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths]"
       "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
 $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
       "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
@@ -145,7 +146,7 @@ $e::test_greedy_equals_no_speculation_under_full_graphs[chain]"
 $e::test_paths_attention_refused_without_fa3"
       "tests $s[conditional] $s[chain]"
       "tests $s[conditional-batch4] \
-tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding"
+tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[float32-fixup]"
       "tests $b -k baselines[toy]"
       "tests $b -k baselines[smollm2]"
     )

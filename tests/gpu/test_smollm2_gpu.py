@@ -80,12 +80,24 @@ def test_greedy_float32_equals_the_target_alone(pair, expected, scorer, engine):
         assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
 
 
-def test_recomputed_rows_are_right_up_to_rounding(pair):
-    """Eager, with DOMINOTREE_CHECK_TREE_ATTENTION=1: every row the fix-up recomputed, in
-    every layer of every step, against the dense float32 reference: IEEE rounding apart,
-    where a wrong row would be off by 0.1 and more."""
+# (dtype, the engine's tree attention, its environment, the bar). float32 runs the
+# Triton fix-up, IEEE rounding apart from the reference; bf16 runs FA3 over path
+# requests (the bf16 test's engines), which rounds its probabilities to bf16 before the
+# value product (about 2^-8 of the layer's largest value): its bar is relative.
+CHECKS = {
+    "float32-fixup": ("float32", "fixup", IEEE, ("max_error", 1e-3)),
+    "bfloat16-paths": ("bfloat16", "paths", {}, ("max_relative_error", 2**-5)),
+}
+
+
+@pytest.mark.parametrize("case", CHECKS)
+def test_recomputed_rows_are_right_up_to_rounding(pair, case):
+    """Eager, with DOMINOTREE_CHECK_TREE_ATTENTION=1: every row the engine recomputed,
+    in every layer of every step, against the dense float32 reference: rounding apart,
+    where a row with a wrong key set is off by 0.1 and more (tens of percent)."""
     from vllm import SamplingParams
 
+    dtype, attention, env, (figure, bar) = CHECKS[case]
     target, prompts = pair
     config = {"method": "dominotree", "model": str(DRAFTER_DIR), "scorer": "conditional"}
     _, stats = run_engine(
@@ -93,40 +105,13 @@ def test_recomputed_rows_are_right_up_to_rounding(pair):
         prompts[:8],
         SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
         config,
-        {"DOMINOTREE_CHECK_TREE_ATTENTION": "1", **IEEE},
-        dtype="float32",
+        {"DOMINOTREE_CHECK_TREE_ATTENTION": "1", **env},
+        dtype=dtype,
         max_model_len=2048,
         enforce_eager=True,
         **engine_memory(kv_gib=2),
     )
     check = stats["tree_attention_check"]
     print("tree attention check", check, stats["tree_attention"])
-    assert stats["tree_attention"] == "fixup" and check["rows"] > 0
-    assert check["max_error"] < 1e-3, check
-
-
-def test_path_rows_are_right_up_to_bf16_rounding(pair):
-    """The same check in bfloat16, where the target runs FA3 and the tree rows are
-    computed by FA3 over path requests (the bf16 test's engines): every recomputed row
-    within bf16's rounding of the dense float32 reference, relative to the layer's
-    largest value. FA3 rounds its probabilities to bf16 before the value product (about
-    2^-8 relative); a row with a wrong key set is off by tens of percent."""
-    from vllm import SamplingParams
-
-    target, prompts = pair
-    config = {"method": "dominotree", "model": str(DRAFTER_DIR), "scorer": "conditional"}
-    _, stats = run_engine(
-        target,
-        prompts[:8],
-        SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
-        config,
-        {"DOMINOTREE_CHECK_TREE_ATTENTION": "1"},
-        dtype="bfloat16",
-        max_model_len=2048,
-        enforce_eager=True,
-        **engine_memory(kv_gib=2),
-    )
-    check = stats["tree_attention_check"]
-    print("tree attention check", check, stats["tree_attention"])
-    assert stats["tree_attention"] == "paths" and check["rows"] > 0
-    assert check["max_relative_error"] < 2**-5, check
+    assert stats["tree_attention"] == attention and check["rows"] > 0
+    assert check[figure] < bar, check
