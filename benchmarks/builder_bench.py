@@ -28,7 +28,7 @@ import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.demo.toy_pair import random_domino_head
-from vllm_dominotree.engine.profiling import top_kernels_by_stage
+from vllm_dominotree.engine.profiling import kernels_by_stage
 from vllm_dominotree.stage_clock import LABEL_PREFIX
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 
@@ -58,7 +58,7 @@ def build_kernels(builder, scorer, inputs, builds: int = 10) -> list[dict]:
             with record_function(LABEL_PREFIX + "build"):
                 builder.launch(anchors)
         torch.cuda.synchronize()
-    kernels = top_kernels_by_stage(prof.events(), top=15).get("build", [])
+    kernels = kernels_by_stage(prof.events(), top=15)[1].get("build", [])
     if not kernels:
         raise SystemExit("the profiler saw no kernel of the build")
     return [

@@ -13,11 +13,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from vllm_dominotree.engine.profiling import (
-    count_by_scope,
-    device_ms_by_stage,
-    top_kernels_by_stage,
-)
+from vllm_dominotree.engine.profiling import count_by_scope, kernels_by_stage
 from vllm_dominotree.stage_clock import LABEL_PREFIX
 
 
@@ -53,19 +49,18 @@ def test_kernels_go_to_the_innermost_stage_around_their_start():
         event("gpu_model_runner: preprocess", 90, 1000, annotation=True),
         event("gpu_model_runner: draft", 1400, 1600, annotation=True),
     ]
-    got = device_ms_by_stage(events)
+    got, top = kernels_by_stage(events)
     assert got == pytest.approx({"verify": 0.27, "build": 0.05, "step": 0.15, "outside": 0.01})
-    assert device_ms_by_stage([event("k", 0, 5)]) == {"outside": 0.005}
-    assert device_ms_by_stage([]) == {}
+    assert kernels_by_stage([event("k", 0, 5)])[0] == {"outside": 0.005}
+    assert kernels_by_stage([]) == ({}, {})
 
     # The same placement, kernel by kernel: calls and milliseconds, the largest first.
-    top = top_kernels_by_stage(events)
     assert set(top) == {"verify", "build", "step", "outside"}
     assert [(k["kernel"], k["calls"]) for k in top["verify"]] == [("gemm", 1), ("fixup", 1)]
     assert [k["ms"] for k in top["verify"]] == pytest.approx([0.18, 0.09])
     assert top["build"] == [{"kernel": "pop", "calls": 2, "ms": pytest.approx(0.05)}]
     assert top["step"][0]["kernel"] == "gemm" and top["step"][0]["calls"] == 1
-    assert [k["kernel"] for k in top_kernels_by_stage(events, top=1)["verify"]] == ["gemm"]
+    assert [k["kernel"] for k in kernels_by_stage(events, top=1)[1]["verify"]] == ["gemm"]
 
 
 def test_host_calls_count_in_the_innermost_named_range_around_them():

@@ -335,3 +335,30 @@ def test_top_by_rank_is_topk_with_ties_in_index_order():
     tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0]])
     values, index = top_by_rank(tied, 4)
     assert index.tolist() == [[1, 2, 4, 5]] and values.tolist() == [[3.0, 3.0, 3.0, 2.0]]
+
+
+@pytest.mark.parametrize("kind", ["conditional", "marginal"])
+def test_compiled_device_builder_equals_host_heap(head, kind, monkeypatch):
+    """On CUDA a build is a few compiled functions (the empty trees, one per pop with the
+    conditional scorer's step inlined, the finished slots' ancestry): the same functions
+    compiled here by Inductor's CPU backend, as on CUDA (`compiled` runs them eagerly on
+    CPU), build the host heap's trees and tables."""
+    import vllm_dominotree.tree.device_builder as device_builder
+    import vllm_dominotree.tree.scorers as scorers
+
+    def compiled(fn, device):
+        return torch.compile(fn, fullgraph=True, dynamic=True)
+
+    monkeypatch.setattr(device_builder, "compiled", compiled)
+    monkeypatch.setattr(scorers, "compiled", compiled)
+    shape = TreeShape(budget=9, max_depth=K, max_children=3, spine=False)
+    hidden, base, embed, anchors = random_step(head, 3, 5)
+    if kind == "marginal":
+        scorer = marginal(embed, shape, requests=4)
+    else:
+        scorer = conditional(head, embed, shape, candidates=int(V * 0.4), requests=4)
+    scorer.prepare(hidden, base)
+    host = build_trees(scorer, anchors, shape)
+    with torch._dynamo.config.patch(recompile_limit=64):  # a builder per test: recompiles
+        built = device_trees(scorer, shape, anchors, max_requests=4)
+    assert as_tuples(built) == as_tuples(host)

@@ -69,13 +69,13 @@ class AttentionCheck:
         )
         reference = want[:num_tokens][fixed]
         error = float((rows[:num_tokens][fixed].float() - reference).abs().max())
-        scale = float(reference.abs().max())
+        largest = float(reference.abs().max())
         self.layers += 1
         self.rows += int(fixed.sum())
         if error > self.max_error:
             self.max_error, self.worst_layer = error, layer
-        if scale > 0:
-            self.max_relative_error = max(self.max_relative_error, error / scale)
+        if largest > 0:
+            self.max_relative_error = max(self.max_relative_error, error / largest)
 
 
 CHECK = AttentionCheck()

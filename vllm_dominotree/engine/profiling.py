@@ -92,8 +92,7 @@ class LaunchTrace:
         def total(names):
             return sum(calls.get(n, 0) for n in names)
 
-        staged = list(_staged_kernels(events))  # placed once for both summaries
-        kernel_ms = _ms_by_stage(staged)
+        kernel_ms, top_kernels = kernels_by_stage(events)
 
         return {
             "graph_launches": total(GRAPH_LAUNCHES),
@@ -104,7 +103,7 @@ class LaunchTrace:
             "host_ms": dict(host_ms),
             "kernel_ms": sum(kernel_ms.values()),
             "kernel_ms_by_stage": kernel_ms,
-            "top_kernels_by_stage": _top_by_stage(staged, top=12),
+            "top_kernels_by_stage": top_kernels,
             "launches_by_stage": {k: dict(v) for k, v in by_stage.items()},
             "calls": dict(calls),
             "host_ops": averages.table(sort_by="self_cpu_time_total", row_limit=40),
@@ -155,42 +154,29 @@ def count_by_scope(events, names: tuple[str, ...]) -> dict[str, int]:
     return dict(counts)
 
 
-def device_ms_by_stage(events) -> dict[str, float]:
-    """Milliseconds of GPU kernels per stage: each kernel goes to the innermost stage
-    range on the device's timeline that holds its start ("outside" if none). Copies and
-    fills (`Memcpy ...`, `Memset ...`) run on copy engines beside the kernels, and other
-    named ranges are no kernels: left out. events: the profiler's events (device ones have
-    device_type CUDA, a time range in microseconds and is_user_annotation)."""
-    return _ms_by_stage(_staged_kernels(events))
-
-
-def top_kernels_by_stage(events, top: int = 12) -> dict[str, list[dict]]:
-    """Per stage (as device_ms_by_stage places them), its `top` kernels by GPU time:
-    [{"kernel": name, "calls": n, "ms": total}], the largest first. Says which kernels a
-    stage's milliseconds are (a build's GRU products against its small fused kernels)."""
-    return _top_by_stage(_staged_kernels(events), top)
-
-
-def _ms_by_stage(staged) -> dict[str, float]:
-    by_stage: dict[str, float] = defaultdict(float)
-    for stage, _, ms in staged:
-        by_stage[stage] += ms
-    return dict(by_stage)
-
-
-def _top_by_stage(staged, top: int) -> dict[str, list[dict]]:
+def kernels_by_stage(events, top: int = 12) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """The GPU's kernels per stage: each kernel goes to the innermost stage range on the
+    device's timeline that holds its start ("outside" if none). Copies and fills
+    (`Memcpy ...`, `Memset ...`) run on copy engines beside the kernels, and other named
+    ranges are no kernels: left out. Returns (milliseconds per stage, per stage its `top`
+    kernels by GPU time: [{"kernel": name, "calls": n, "ms": total}], the largest first,
+    which say what a stage's milliseconds are). events: the profiler's events (device
+    ones have device_type CUDA, a time range in microseconds and is_user_annotation)."""
+    ms: dict[str, float] = defaultdict(float)
     found: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
-    for stage, name, ms in staged:
+    for stage, name, kernel_ms in _staged_kernels(events):
+        ms[stage] += kernel_ms
         entry = found[stage][name]
         entry[0] += 1
-        entry[1] += ms
-    return {
+        entry[1] += kernel_ms
+    tops = {
         stage: [
-            {"kernel": name, "calls": calls, "ms": ms}
-            for name, (calls, ms) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+            {"kernel": name, "calls": calls, "ms": total}
+            for name, (calls, total) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
         ]
         for stage, kernels in found.items()
     }
+    return dict(ms), tops
 
 
 def _staged_kernels(events):
