@@ -57,6 +57,13 @@ def marginal(embed, shape, requests):
     )
 
 
+def scorer_of(kind, head, embed, shape, requests):
+    """The kind's scorer, conditional with a top-M restriction to 40% of the vocabulary."""
+    if kind == "marginal":
+        return marginal(embed, shape, requests)
+    return conditional(head, embed, shape, candidates=int(V * 0.4), requests=requests)
+
+
 def device_trees(scorer, shape, anchors, *, chain=False, max_requests=None):
     """The device builder's trees; its table (what the next verification step reads)
     must describe exactly these trees, as `store` describes the heap's."""
@@ -243,10 +250,7 @@ def test_device_builder_equals_host_heap(head, seed, kind):
     hidden, base, embed, anchors = random_step(head, requests, seed)
     if seed % 3 == 0:
         base = base.round()  # ties
-    if kind == "marginal":
-        scorer = marginal(embed, shape, requests=8)
-    else:
-        scorer = conditional(head, embed, shape, candidates=int(V * 0.4), requests=8)
+    scorer = scorer_of(kind, head, embed, shape, requests=8)
     scorer.prepare(hidden, base)
     host = build_trees(scorer, anchors, shape)
     device = device_trees(scorer, shape, anchors, max_requests=8)
@@ -353,10 +357,7 @@ def test_compiled_device_builder_equals_host_heap(head, kind, monkeypatch):
     monkeypatch.setattr(scorers, "compiled", compiled)
     shape = TreeShape(budget=9, max_depth=K, max_children=3, spine=False)
     hidden, base, embed, anchors = random_step(head, 3, 5)
-    if kind == "marginal":
-        scorer = marginal(embed, shape, requests=4)
-    else:
-        scorer = conditional(head, embed, shape, candidates=int(V * 0.4), requests=4)
+    scorer = scorer_of(kind, head, embed, shape, requests=4)
     scorer.prepare(hidden, base)
     host = build_trees(scorer, anchors, shape)
     with torch._dynamo.config.patch(recompile_limit=64):  # a builder per test: recompiles
