@@ -99,6 +99,7 @@ VARIANTS = {
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
     "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
     "-triton": ({}, {"DOMINOTREE_NODE_STEP": "triton"}),
+    "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
 }
 
 
@@ -108,6 +109,7 @@ STEP_COUNTS = ("graph_launches", "kernel_launches", "host_waits", "memcpy_async"
 VARIANT_STATS = {
     "DOMINOTREE_NODE_STEP": "scorer_step",
     "DOMINOTREE_CUDA_TREE_ATTENTION": "tree_attention",
+    "DOMINOTREE_PATH_SPLITS": "path_splits",
 }
 
 

@@ -12,7 +12,7 @@ from interpreter import run_interpreted
 from path_checks import attend_case, publish_case, reference
 from tree_attention_check import random_case
 
-from vllm_dominotree.config import attention_mode
+from vllm_dominotree.config import attention_mode, path_splits
 from vllm_dominotree.engine.tree_paths import PathTables, slot_view, split_into_paths
 from vllm_dominotree.tree.ancestry import tree_bits
 
@@ -87,6 +87,16 @@ def test_the_attention_mode_is_checked(monkeypatch):
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "fa3")
     with pytest.raises(ValueError, match="DOMINOTREE_CUDA_TREE_ATTENTION='fa3'; use one of"):
         attention_mode()
+
+
+def test_the_path_split_count_is_checked(monkeypatch):
+    assert path_splits() is None  # as vLLM calls the stock pass
+    monkeypatch.setenv("DOMINOTREE_PATH_SPLITS", "1")
+    assert path_splits() == 1
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("DOMINOTREE_PATH_SPLITS", bad)
+        with pytest.raises(ValueError, match=f"DOMINOTREE_PATH_SPLITS='{bad}'; use"):
+            path_splits()
 
 
 BUILD_CHECKS = """

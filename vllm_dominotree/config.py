@@ -44,6 +44,23 @@ def attention_mode() -> str:
     return mode
 
 
+def path_splits() -> int | None:
+    """How many key splits FA3 takes for the path requests (engine/cuda_attention.py),
+    from the environment's DOMINOTREE_PATH_SPLITS: "vllm" (default: as vLLM calls the
+    stock pass, 32 under FULL graphs, FA3's own choice elsewhere) or a count >= 1. Why it
+    is a choice: the path pass has as many requests as the forward has rows, and FA3
+    keeps and combines that many partial outputs per split
+    (benchmarks/tree_rounding_bench.py times both)."""
+    value = os.environ.get("DOMINOTREE_PATH_SPLITS", "vllm")
+    if value == "vllm":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DominoTreeConfigError(
+            f'dominotree: DOMINOTREE_PATH_SPLITS={value!r}; use "vllm" or a count >= 1'
+        )
+    return int(value)
+
+
 NODE_STEPS = ("torch", "triton")
 
 

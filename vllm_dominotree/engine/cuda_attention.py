@@ -127,8 +127,9 @@ class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
     def recompute_paths(self, query, key_cache, value_cache, verification, attn_metadata, rows):
         """The fixed rows once more through FA3, as the queries of the step's path
         requests (tree_paths.py), written over the stock pass's rows. FA3 is called as
-        the stock pass is (the step's longest sequence, vLLM's split bound); what the
-        pass costs under each setting: benchmarks/tree_rounding_bench.py."""
+        the stock pass is (the step's longest sequence, vLLM's split bound) unless
+        DOMINOTREE_PATH_SPLITS sets the split count; what the pass costs under each
+        setting: benchmarks/tree_rounding_bench.py."""
         attend_paths(
             query,
             key_cache,
@@ -139,7 +140,9 @@ class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
             attn_metadata.max_seq_len,
             rows,
             self.vllm_flash_attn_version,
-            attn_metadata.max_num_splits,
+            attn_metadata.max_num_splits
+            if verification.paths.splits is None
+            else verification.paths.splits,
         )
 
 

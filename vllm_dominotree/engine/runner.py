@@ -30,7 +30,7 @@ import torch
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.outputs import SamplerOutput
 
-from ..config import attention_mode
+from ..config import attention_mode, path_splits
 from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
@@ -89,6 +89,8 @@ class DominoTreeStats:
     # torch step), "triton" (three launches per pop, not yet the default) or "table"
     # (marginal: per-depth tables).
     scorer_step: str = ""
+    # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
+    path_splits: str = ""
 
     @property
     def mean_accept_length(self) -> float:
@@ -220,6 +222,7 @@ class DominoTreeRunnerMixin:
                 max_tokens=self.max_num_tokens,
                 max_len=self.max_model_len,
                 device=self.device,
+                splits=path_splits(),
             )
         install(self._verification)
         self._stats.tree_attention = (
@@ -230,6 +233,9 @@ class DominoTreeRunnerMixin:
             else "fixup"
         )
         self._stats.scorer_step = self.drafter.scorer.step
+        if self._verification.paths is not None:
+            splits = self._verification.paths.splits
+            self._stats.path_splits = "vllm" if splits is None else str(splits)
         # Tensor parallelism: the ranks' trees agree.
         self._rank_check = make_rank_check(self.device)
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures

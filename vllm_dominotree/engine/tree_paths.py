@@ -70,8 +70,17 @@ class PathSpec:
 class PathTables:
     """Device tables of a step's path requests, allocated once (addresses stay)."""
 
-    def __init__(self, max_paths: int, max_tokens: int, max_len: int, device: torch.device):
+    def __init__(
+        self,
+        max_paths: int,
+        max_tokens: int,
+        max_len: int,
+        device: torch.device,
+        splits: int | None = None,
+    ):
         self.max_len = max_len
+        # FA3's key splits for these requests (config.path_splits); None: the stock pass's.
+        self.splits = splits
         self.max_paths = max_paths
         self.max_tokens = max_tokens
 
