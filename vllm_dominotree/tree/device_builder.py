@@ -116,16 +116,12 @@ class DeviceTreeBuilder:
         # slots' ancestry are one function each.
         self._start = compiled(self._start_rows, device)
         self._describe = compiled(describe_slots, device)
-        # The conditional scorer's torch step: one compiled function per pop, Inductor
-        # fusing the step with the pop's bookkeeping (the two `where`s between them ran
-        # eagerly). Otherwise only the bookkeeping is compiled: the Triton step launches
-        # its own kernels, the marginal's children are two gathers (and one code object
-        # compiled for two scorer classes trips Dynamo 2.11 when it explains a
-        # recompilation).
-        if scorer.step == "torch":
-            self._pop, self._advance = compiled(self._pop_rows, device), self._advance_rows
-        else:
-            self._pop, self._advance = self._pop_rows, compiled(self._advance_rows, device)
+        # The pop's bookkeeping is one compiled function; the scorer's step is its own
+        # (tree/scorers.py). Not one function for both: Inductor fused the torch step
+        # with the pop's argmin into a reduction that Triton 3.x on the H200 failed to
+        # compile (TritonGPURemoveLayoutConversions, 2026-12-03), which CPU tests cannot
+        # see.
+        self._pop, self._advance = self._pop_rows, compiled(self._advance_rows, device)
 
     @torch.no_grad()
     def build(self, anchors: torch.Tensor) -> list[DraftTree]:
