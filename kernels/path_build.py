@@ -4,14 +4,14 @@ with the batch.
 
 Per tree (W rows: the root, then drafted rows with ancestor bits), the same layout as
 the host's `PathTables.publish`: a leaf's path is its ancestors and itself; a row that
-needs a fix belongs to the first leaf below it; a leaf whose path owns rows becomes a
-path request, requests in tree order and each tree's in leaf order, their queries the
-owned rows in row order. `_count_paths` (one program per tree) counts each tree's
-requests and queries; `_fill_paths` (one program per tree and leaf) places its request
-after the earlier trees' (the counts summed in each program: trees <= a few hundred)
-and writes its key count, query start, queries and slots: the prefix's, from the block
-table, then its path's nodes'. One compilation serves every step of an engine (the
-runner makes it at start: engine/runner.py).
+needs a fix (EVERY_ROW: every row, the root included) belongs to the first leaf below
+it; a leaf whose path owns rows becomes a path request, requests in tree order and each
+tree's in leaf order, their queries the owned rows in row order. `_count_paths` (one
+program per tree) counts each tree's requests and queries; `_fill_paths` (one program
+per tree and leaf) places its request after the earlier trees' (the counts summed in
+each program: trees <= a few hundred) and writes its key count, query start, queries
+and slots: the prefix's, from the block table, then its path's nodes'. One compilation
+serves every step of an engine (the runner makes it at start: engine/runner.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ TREE_BLOCK = 64  # trees' counts summed per step
 
 
 @triton.jit
-def _tree_paths(Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD: tl.constexpr):
+def _tree_paths(
+    Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD: tl.constexpr, EVERY_ROW: tl.constexpr
+):
     """Tree `tree`'s rows [W] and, over leaves L and rows j: on_path[L, j] (row j, j >= 1,
     is row L or one of its ancestors, L a leaf) and owns[L, j] (j needs a fix and L is
-    the first leaf whose path holds it)."""
+    the first leaf whose path holds it). EVERY_ROW: every row needs it, and every path
+    holds the root (j = 0; the root alone is a leaf of a tree of one row)."""
     first = tl.load(Trees + tree)
     count = tl.load(Trees + stride_field + tree)
     offs = tl.arange(0, W_PAD)
@@ -38,8 +41,13 @@ def _tree_paths(Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD: tl.conste
     fix = valid & (tl.load(NeedsFix + rows, mask=valid, other=0) != 0)
     shift = tl.minimum(tl.maximum(offs - 1, 0), 63).to(tl.int64)  # row j owns bit j - 1
     holds = (((bits[:, None] >> shift[None, :]) & 1) != 0) & (valid & (offs >= 1))[None, :]
+    candidate = valid & (offs >= 1)  # leaves: rows below no other row
+    if EVERY_ROW:
+        fix = valid
+        holds = holds | (valid[:, None] & (offs == 0)[None, :])
+        candidate = valid
     below = tl.max((holds & (offs[:, None] != offs[None, :])).to(tl.int32), axis=0)
-    leaf = valid & (offs >= 1) & (below == 0)
+    leaf = candidate & (below == 0)
     on_path = holds & leaf[:, None]
     owner = tl.min(tl.where(on_path, offs[:, None], W_PAD), axis=0)  # [j]: first leaf
     owns = on_path & fix[None, :] & (owner[None, :] == offs[:, None])
@@ -47,9 +55,11 @@ def _tree_paths(Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD: tl.conste
 
 
 @triton.jit
-def _count_paths(Trees, stride_field, Ancestors, NeedsFix, Counts, W_PAD: tl.constexpr):
+def _count_paths(
+    Trees, stride_field, Ancestors, NeedsFix, Counts, W_PAD: tl.constexpr, EVERY_ROW: tl.constexpr
+):
     tree = tl.program_id(0)
-    _, _, owns = _tree_paths(Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD)
+    _, _, owns = _tree_paths(Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD, EVERY_ROW)
     owned = tl.sum(owns.to(tl.int32), axis=1)  # [L]
     tl.store(Counts + 2 * tree, tl.sum((owned > 0).to(tl.int32)))
     tl.store(Counts + 2 * tree + 1, tl.sum(owned))
@@ -99,12 +109,15 @@ def _fill_paths(
     W_PAD: tl.constexpr,
     TREE_BLOCK: tl.constexpr,
     KEY_BLOCK: tl.constexpr,
+    EVERY_ROW: tl.constexpr,
 ):
     tree = tl.program_id(0)
     leaf = tl.program_id(1)
     if leaf >= tl.load(Trees + stride_field + tree) and (tree + leaf) > 0:
         return  # no such row (program (0, 0) always has entries to fill)
-    rows, on_path, owns = _tree_paths(Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD)
+    rows, on_path, owns = _tree_paths(
+        Trees, stride_field, Ancestors, NeedsFix, tree, W_PAD, EVERY_ROW
+    )
     owned = tl.sum(owns.to(tl.int32), axis=1)  # [L]
     paths_before, queries_before, paths_all, queries_all = _earlier(
         Counts, tree, num_trees, TREE_BLOCK
@@ -120,7 +133,8 @@ def _fill_paths(
     earlier = offs < leaf
     path = paths_before + tl.sum((earlier & (owned > 0)).to(tl.int32))
     start = queries_before + tl.sum(tl.where(earlier, owned, 0))
-    nodes = tl.max((on_path & mine[:, None]).to(tl.int32), axis=0) != 0  # [j] on this path
+    # [j] this path's nodes after the root (the root is the prefix's last key)
+    nodes = (tl.max((on_path & mine[:, None]).to(tl.int32), axis=0) != 0) & (offs >= 1)
     queries = tl.max((owns & mine[:, None]).to(tl.int32), axis=0) != 0  # [j] owned here
     first = tl.load(Trees + tree)
     root = tl.load(Positions + first)
@@ -160,10 +174,13 @@ def build_path_requests(
     query_rows: torch.Tensor,  # [max_tokens] long
     row_owned: torch.Tensor,  # [max_tokens] bool, False where not written
     row_to_query: torch.Tensor,  # [max_tokens] long
+    every_row: bool = False,  # every row a query (the root with its tree's first path)
 ) -> None:
     num_trees = trees.shape[1]
     w_pad = triton.next_power_of_2(rows_per_tree)
-    _count_paths[(num_trees,)](trees, trees.stride(0), ancestors, needs_fix, counts, W_PAD=w_pad)
+    _count_paths[(num_trees,)](
+        trees, trees.stride(0), ancestors, needs_fix, counts, W_PAD=w_pad, EVERY_ROW=every_row
+    )
     _fill_paths[(num_trees, w_pad)](
         trees,
         trees.stride(0),
@@ -187,4 +204,5 @@ def build_path_requests(
         W_PAD=w_pad,
         TREE_BLOCK=TREE_BLOCK,
         KEY_BLOCK=KEY_BLOCK,
+        EVERY_ROW=every_row,
     )

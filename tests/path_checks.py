@@ -59,10 +59,10 @@ def fa3_stand_in(
         out[first:end] = torch.einsum("nhk,khd->nhd", scores.softmax(-1), values_r).to(out.dtype)
 
 
-def publish_case(tables: PathTables, case, each_row: bool = False) -> None:
+def publish_case(tables: PathTables, case, each_row: bool = False, every_row: bool = False) -> None:
     _, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = case
     page = key_cache.shape[1]
-    specs = batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row)
+    specs = batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row, every_row)
     assert specs, "the case has no branching tree"
     tables.publish(
         specs, block_table, page, batch_slot_mapping(block_table, query_start, seq_lens, page)
@@ -88,9 +88,12 @@ def attend_case(tables: PathTables, case) -> torch.Tensor:
     return got
 
 
-def reference(case) -> torch.Tensor:
+def reference(case, every_row: bool = False) -> torch.Tensor:
+    """The dense reference of the case's fixed rows (every_row: of all its rows); the
+    other rows 7.0."""
     want = torch.full_like(case[0], 7.0)
-    tree_attention_reference(*case, case[0].shape[-1] ** -0.5, want)
+    needs_fix = torch.ones_like(case[-1]) if every_row else case[-1]
+    tree_attention_reference(*case[:-1], needs_fix, case[0].shape[-1] ** -0.5, want)
     return want
 
 
@@ -102,15 +105,20 @@ def assert_same_tables(got: PathTables, want: PathTables) -> None:
         assert torch.equal(got.slot_table[v, :keys], want.slot_table[v, :keys]), v
 
 
-def check_build_equals_publish(seed: int, requests: int = 6, max_context: int = 90) -> None:
-    """The build's tables are the host's, and give the reference attention."""
+def check_build_equals_publish(
+    seed: int, requests: int = 6, max_context: int = 90, every_row: bool = False
+) -> None:
+    """The build's tables are the host's, and give the reference attention (every_row:
+    for every row, none left 7.0)."""
     case = random_case("cpu", torch.float32, seed, requests=requests, max_context=max_context)
     tokens, max_len = case[0].shape[0], case[3].shape[1] * case[1].shape[1]
     host = PathTables(tokens, tokens, max_len, "cpu")
-    publish_case(host, case)
-    built = built_path_tables(case, PathTables(tokens, tokens, max_len, "cpu"))
+    publish_case(host, case, every_row=every_row)
+    built = built_path_tables(case, PathTables(tokens, tokens, max_len, "cpu"), every_row)
     assert_same_tables(built, host)
-    assert (attend_case(built, case) - reference(case)).abs().max() < 1e-5
+    assert built.covers_every_row == every_row
+    assert bool(built.row_owned[:tokens].all()) == every_row  # the first request: a root
+    assert (attend_case(built, case) - reference(case, every_row)).abs().max() < 1e-5
 
 
 def check_build_after_a_larger_step() -> None:

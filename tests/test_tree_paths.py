@@ -41,6 +41,27 @@ def test_every_fixed_row_is_owned_once_at_the_end_of_its_path(seed):
         assert all(not needs_fix[j] or j in owned[: owned.index(path[-k])] for j in path[:-k])
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_every_row_is_owned_once_in_one_pass(seed):
+    """One pass: every row, the root included (with the first path), in path order."""
+    rng = np.random.default_rng(seed)
+    parents = random_tree(rng, int(rng.integers(1, 18)))
+    ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.from_numpy(parents[None])))
+    paths = split_into_paths(ancestors, needs_fix, every_row=True)
+    owned = [row for path, k in paths for row in [0, *path][len(path) + 1 - k :]]
+    assert sorted(owned) == list(range(len(parents)))
+    assert paths[0][1] == len(paths[0][0]) + 1  # the first path owns the root and all its rows
+    assert len(paths) == max(1, sum(i not in parents for i in range(1, len(parents))))
+
+
+def test_one_pass_tables_give_every_rows_attention():
+    case = random_case("cpu", torch.float32, 2, requests=5, max_context=90)
+    tables = PathTables(max_paths=64, max_tokens=case[0].shape[0], max_len=2048, device="cpu")
+    publish_case(tables, case, every_row=True)
+    assert tables.row_owned[: case[0].shape[0]].all()
+    assert (attend_case(tables, case) - reference(case, every_row=True)).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("each_row", [False, True])
 @pytest.mark.parametrize("seed", range(6))
 def test_path_requests_give_the_tree_attention(seed, each_row):
@@ -103,6 +124,7 @@ BUILD_CHECKS = """
 import path_checks as c
 for seed in range(8):
     c.check_build_equals_publish(seed)
+    c.check_build_equals_publish(seed, every_row=True)
 c.check_build_equals_publish(8, requests=70, max_context=8)  # trees past one count block
 c.check_build_after_a_larger_step()
 for seed in range(6):

@@ -124,9 +124,10 @@ def path_tables(args, each_row: bool):
     return tables
 
 
-def path_build_inputs(args, max_len: int, max_rows: int = 17) -> dict:
+def path_build_inputs(args, max_len: int, max_rows: int = 17, every_row: bool = False) -> dict:
     """PathTables.build's arguments for a random_case batch: what the runner hands it
-    (per-row bits, positions and slots, the trees' rows, host bounds)."""
+    (per-row bits, positions and slots, the trees' rows, host bounds). every_row: every
+    row a query (one pass; a tree of the root alone has one path)."""
     from vllm_dominotree.engine.tree_paths import batch_slot_mapping
 
     query, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = args
@@ -142,7 +143,7 @@ def path_build_inputs(args, max_len: int, max_rows: int = 17) -> dict:
     return dict(
         trees=trees.long(),
         rows_per_tree=max_rows,
-        num_paths=int((rows - 1).sum()),
+        num_paths=int((rows - 1).clamp(min=int(every_row)).sum()),
         num_keys=min(int(seq_lens.max()) + max_rows, max_len),
         ancestors=ancestors,
         needs_fix=needs_fix,
@@ -150,17 +151,18 @@ def path_build_inputs(args, max_len: int, max_rows: int = 17) -> dict:
         block_table=block_table,
         block_size=page,
         slot_mapping=batch_slot_mapping(block_table, query_start, seq_lens, page),
+        every_row=every_row,
     )
 
 
-def built_path_tables(args, tables=None):
+def built_path_tables(args, tables=None, every_row: bool = False):
     """The batch's path requests built on the device side (PathTables.build), into
     `tables` if given (the runner rebuilds its own every step)."""
     from vllm_dominotree.engine.tree_paths import PathTables
 
     query, block_table, page = args[0], args[3], args[1].shape[1]
     tables = tables or PathTables(128, query.shape[0], block_table.shape[1] * page, query.device)
-    tables.build(**path_build_inputs(args, tables.max_len))
+    tables.build(**path_build_inputs(args, tables.max_len, every_row=every_row))
     return tables
 
 

@@ -10,6 +10,9 @@ the real requests is already right for the rows whose ancestors are their causal
 (the root and the first chain); each path request's queries are only the rows of its
 path that neither that pass nor an earlier path covered, which are always the path's
 last rows (a covered row's ancestors are covered), so every fixed row is computed once.
+One pass (`every_row`): no stock pass for the target's layers; every row of a step whose
+requests are all trees is a path request's query, the root with its tree's first path
+(the root is the last key of the prefix), so FA3 runs once per layer, not twice.
 
 `PathTables` holds the device tables one step's path requests are read from (slot table,
 key counts, query starts, which forward rows they recompute); they keep their addresses,
@@ -29,28 +32,33 @@ import numpy as np
 import torch
 
 
-def split_into_paths(ancestors: np.ndarray, needs_fix: np.ndarray) -> list[tuple[list[int], int]]:
+def split_into_paths(
+    ancestors: np.ndarray, needs_fix: np.ndarray, every_row: bool = False
+) -> list[tuple[list[int], int]]:
     """ancestors: [n] a tree's rows' ancestor bits (row i >= 1 owns bit i - 1; the root,
     row 0, has none); needs_fix: [n] bool. Returns one (path, owned) per path request in
     leaf order: the path's row offsets from depth 1 down to its leaf, of which the last
-    `owned` rows are the request's queries. Every row that needs a fix is owned once."""
+    `owned` rows are the request's queries, the root counted as the path's row before
+    depth 1 (owned == len(path) + 1: the root is a query too). Every row that needs a fix
+    is owned once; every_row (one pass, no stock pass): every row, the root by the first
+    path (a tree of the root alone: ([], 1))."""
     n = len(ancestors)
     bits = [int(a) for a in ancestors]
     below = 0  # bits of rows that are some other row's ancestor
     for i in range(1, n):
         below |= bits[i] & ~(1 << (i - 1))
-    covered = [not needs_fix[i] for i in range(n)]
+    covered = [not (every_row or needs_fix[i]) for i in range(n)]
+    leaves = [leaf for leaf in range(1, n) if not below >> (leaf - 1) & 1]
     out = []
-    for leaf in range(1, n):
-        if below >> (leaf - 1) & 1:
-            continue
+    for leaf in leaves or ([0] if every_row else []):
         path = [j for j in range(1, n) if bits[leaf] >> (j - 1) & 1]
-        owned = sum(not covered[j] for j in path)
+        rows = [0, *path]
+        owned = sum(not covered[j] for j in rows)
         if not owned:
             continue
-        if any(not covered[j] for j in path[: len(path) - owned]):
+        if any(not covered[j] for j in rows[: len(rows) - owned]):
             raise AssertionError(f"dominotree: path {path} has a covered row below a fixed one")
-        for j in path:
+        for j in rows:
             covered[j] = True
         out.append((path, owned))
     return out
@@ -64,7 +72,7 @@ class PathSpec:
     root_position: int  # the root's position: the prefix is positions 0 .. root_position
     first_row: int  # the real request's first row (its root) in the forward
     path: list[int]  # row offsets from the root, depth 1 .. leaf
-    owned: int  # the path's last `owned` rows are this request's queries
+    owned: int  # the last `owned` rows of [root, *path] are this request's queries
 
 
 class PathTables:
@@ -77,10 +85,15 @@ class PathTables:
         max_len: int,
         device: torch.device,
         splits: int | None = None,
+        one_pass: bool = False,
     ):
         self.max_len = max_len
         # FA3's key splits for these requests (config.path_splits); None: the stock pass's.
         self.splits = splits
+        # One pass (config.attention_mode "one-pass"): a step whose requests are all trees
+        # has every row in its path requests, and the target's layers skip the stock pass.
+        self.one_pass = one_pass
+        self.covers_every_row = False  # this step's tables: every row (set by build)
         self.max_paths = max_paths
         self.max_tokens = max_tokens
 
@@ -129,7 +142,9 @@ class PathTables:
             raise RuntimeError(f"dominotree: a path of {width} keys over {self.max_len}")
         owned = np.array([s.owned for s in specs])
         path_rows = np.concatenate([s.first_row + np.asarray(s.path) for s in specs])
-        query_rows = np.concatenate([s.first_row + np.asarray(s.path[-s.owned :]) for s in specs])
+        query_rows = np.concatenate(
+            [s.first_row + np.asarray([0, *s.path][-s.owned :]) for s in specs]
+        )
         # Where each path node's slot goes: request v, key position root + depth.
         node_request = np.repeat(np.arange(len(specs)), depths)
         node_key = np.concatenate(
@@ -170,14 +185,18 @@ class PathTables:
         block_table: torch.Tensor,  # [max_reqs, max_blocks] int32
         block_size: int,
         slot_mapping: torch.Tensor,  # [>= T] each forward row's slot
+        every_row: bool = False,
     ) -> None:
         """The step's path requests from its description on the device, as `publish`
         lays them out, by the Triton kernels of kernels/path_build.py (two launches after
         the clear; CPU: Triton's interpreter, the tests'). The host gives only what it
-        knows (the trees' rows, bounds) and waits for nothing."""
+        knows (the trees' rows, bounds) and waits for nothing. every_row: every row of
+        the trees is a query (split_into_paths'), for a step whose requests are all
+        trees (the runner's check)."""
         from ..kernels.path_build import build_path_requests
 
         self.clear()
+        self.covers_every_row = False
         if not trees.shape[1] or not num_paths:
             return
         if num_paths > self.max_paths or num_keys > self.max_len:
@@ -201,7 +220,9 @@ class PathTables:
             self.query_rows,
             self.row_owned,
             self.row_to_query,
+            every_row,
         )
+        self.covers_every_row = every_row
 
 
 def slot_view(cache: torch.Tensor) -> torch.Tensor:
@@ -226,15 +247,16 @@ def request_path_specs(
     ancestors: np.ndarray,  # [n] the request's rows' ancestor bits (tree_step.py)
     needs_fix: np.ndarray,  # [n] bool
     each_row: bool = False,
+    every_row: bool = False,
 ) -> list[PathSpec]:
     """One request's path requests. each_row (the rounding reference of the tests and
     benchmarks): one request per fixed row instead, its own path with itself the only
-    query, i.e. one-token decoding of that path."""
+    query, i.e. one-token decoding of that path. every_row: split_into_paths'."""
     if each_row:
         fixed = [i for i in range(len(ancestors)) if needs_fix[i]]
         paths = [([j for j in range(1, i + 1) if ancestors[i] >> (j - 1) & 1], 1) for i in fixed]
     else:
-        paths = split_into_paths(ancestors, needs_fix)
+        paths = split_into_paths(ancestors, needs_fix, every_row)
     return [PathSpec(batch_index, root_position, first_row, path, k) for path, k in paths]
 
 
@@ -244,6 +266,7 @@ def batch_path_specs(
     ancestors: torch.Tensor,  # [T] per row (tree_step.py)
     needs_fix: torch.Tensor,  # [T]
     each_row: bool = False,
+    every_row: bool = False,
 ) -> list[PathSpec]:
     """The path requests of a batch described as the attention kernels see it (kernel
     tests and benchmarks; the runner goes from its trees)."""
@@ -252,7 +275,7 @@ def batch_path_specs(
         first, end = int(query_start[r]), int(query_start[r + 1])
         bits, fix = ancestors[first:end].cpu().numpy(), needs_fix[first:end].cpu().numpy() != 0
         root = int(seq_lens[r]) - (end - first)
-        specs += request_path_specs(r, root, first, bits, fix, each_row)
+        specs += request_path_specs(r, root, first, bits, fix, each_row, every_row)
     return specs
 
 
