@@ -98,6 +98,7 @@ VARIANTS = {
     "-prepare-apart": ({}, {"DOMINOTREE_PREPARE_IN_BUILD": "0"}),
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
     "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
+    "-one-pass": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"}),
     "-triton": ({}, {"DOMINOTREE_NODE_STEP": "triton"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
 }

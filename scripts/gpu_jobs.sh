@@ -136,7 +136,8 @@ case $job in
       "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py"
       "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
 tests/gpu/test_accept_graphs.py \
-tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths]"
+tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths] \
+tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass]"
       "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
 $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
       "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
@@ -151,7 +152,7 @@ tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[flo
       "tests $b -k baselines[smollm2]"
     )
     for pair in toy smollm2; do
-      for scorer in chain marginal conditional; do
+      for scorer in chain marginal conditional one-pass-conditional; do
         jobs+=("bf16-variant $pair-$scorer")
       done
     done

@@ -28,7 +28,8 @@ def compiled(kernel, types: dict[str, str], constexprs: dict, **options):
     return compile(source, target=H200, options=options)
 
 
-def test_the_path_build_compiles():
+@pytest.mark.parametrize("every_row", [False, True])
+def test_the_path_build_compiles(every_row):
     types = dict(
         Trees="*i64",
         Ancestors="*i64",
@@ -44,10 +45,10 @@ def test_the_path_build_compiles():
         RowOwned="*i1",
         RowToQuery="*i64",
     )
-    w_pad = triton.next_power_of_2(17)  # budget 16
-    assert compiled(path_build._count_paths, types, {"W_PAD": w_pad}).asm["cubin"]
+    shape = {"W_PAD": triton.next_power_of_2(17), "EVERY_ROW": every_row}  # budget 16
+    assert compiled(path_build._count_paths, types, shape).asm["cubin"]
     blocks = {"TREE_BLOCK": path_build.TREE_BLOCK, "KEY_BLOCK": path_build.KEY_BLOCK}
-    assert compiled(path_build._fill_paths, types, {"W_PAD": w_pad, **blocks}).asm["cubin"]
+    assert compiled(path_build._fill_paths, types, {**shape, **blocks}).asm["cubin"]
 
 
 # Beside vLLM's Triton attention: its key tiles, one split; beside FA3: key splits merged

@@ -5,6 +5,8 @@ of the dense reference. tests/gpu runs the same tables through FA3 itself."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -60,6 +62,32 @@ def test_one_pass_tables_give_every_rows_attention():
     publish_case(tables, case, every_row=True)
     assert tables.row_owned[: case[0].shape[0]].all()
     assert (attend_case(tables, case) - reference(case, every_row=True)).abs().max() < 1e-5
+
+
+def test_one_pass_skips_the_stock_pass_only_where_the_paths_hold_every_row(monkeypatch):
+    import vllm.forward_context
+    from vllm.config import CUDAGraphMode
+
+    from vllm_dominotree.engine.cuda_attention import paths_alone
+    from vllm_dominotree.engine.tree_step import TreeVerification
+
+    def verification(one_pass: bool) -> TreeVerification:
+        tables = PathTables(4, 4, 8, "cpu", one_pass=one_pass)
+        return TreeVerification(None, frozenset(), 17, paths=tables)
+
+    one, two = verification(True), verification(False)
+    assert not paths_alone(one)  # eager: no step built yet
+    one.paths.covers_every_row = two.paths.covers_every_row = True
+    assert paths_alone(one) and not paths_alone(two)
+    one.paths.covers_every_row = False  # a step with a request that is not a tree
+    assert not paths_alone(one)
+    # Capture: FULL graphs (uniform all-tree steps only) record the paths alone; the
+    # piecewise warm-ups run the stock pass.
+    one.capturing = two.capturing = True
+    for mode, alone in [(CUDAGraphMode.FULL, True), (CUDAGraphMode.PIECEWISE, False)]:
+        context = SimpleNamespace(cudagraph_runtime_mode=mode)
+        monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda c=context: c)
+        assert paths_alone(one) == alone and not paths_alone(two)
 
 
 @pytest.mark.parametrize("each_row", [False, True])

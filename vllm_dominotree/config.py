@@ -24,13 +24,15 @@ class DominoTreeConfigError(ValueError):
     pass
 
 
-CUDA_TREE_ATTENTION_MODES = ("auto", "fixup", "paths")
+CUDA_TREE_ATTENTION_MODES = ("auto", "fixup", "paths", "one-pass")
 
 
 def attention_mode() -> str:
     """How CUDA tree rows are recomputed (engine/cuda_attention.py), from the environment's
     DOMINOTREE_CUDA_TREE_ATTENTION: "paths" (FA3 over path requests, engine/tree_paths.py:
-    tree rows round exactly as decoding's), "fixup" (the Triton tree kernel: any backend,
+    tree rows round exactly as decoding's), "one-pass" (paths for every row of a step
+    whose requests are all trees, in place of the stock pass: one FA3 call per layer, not
+    two; not the default until measured), "fixup" (the Triton tree kernel: any backend,
     its own rounding), or "auto" (default): paths where the target runs FA3, else fixup.
     Why paths first: in bfloat16 the fix-up's rounding left SmolLM2-135M's greedy output
     on 64 of 100 prompts where vLLM's DFlash left it on 2-3 and the paths on 2-3 (H200,

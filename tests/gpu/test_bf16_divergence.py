@@ -164,17 +164,23 @@ def test_baselines(baselines):
 # (DOMINOTREE_CUDA_TREE_ATTENTION=fixup) rounds its own way and leaves a small model's
 # output far more often (SmolLM2: 64 of 100, H200 2026-12-02); that is measured with
 # benchmarks/divergence_probe.py (`conditional-fixup`), not held to this bar.
-@pytest.mark.parametrize("scorer", ["chain", "marginal", "conditional"])
+# `one-pass-conditional`: DOMINOTREE_CUDA_TREE_ATTENTION=one-pass (every row of an
+# all-tree step through the path requests, no stock pass), under FULL graphs. (A prefix,
+# so that `-k smollm2-conditional` selects one variant.)
+@pytest.mark.parametrize("scorer", ["chain", "marginal", "conditional", "one-pass-conditional"])
 def test_first_divergence_no_worse_than_vllm_dflash(pair, scorer, request):
+    one_pass = scorer.startswith("one-pass-")
     config = {
         "method": "dominotree",
         "model": pair["domino"],
         "budget": pair["num_drafts"],
-        "scorer": scorer,
+        "scorer": scorer.removeprefix("one-pass-"),
     }
-    tokens, stats = generate(pair, config)
+    env = {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"} if one_pass else None
+    tokens, stats = generate(pair, config, env=env)
     # bf16 on the H200 runs FA3: the default tree attention ("auto") is the path requests.
-    assert stats["tree_attention"] == "paths"
+    assert stats["tree_attention"] == ("one-pass" if one_pass else "paths")
+    assert (stats["one_pass_steps"] > 0) == one_pass
     if scorer != "chain":
         assert stats["sibling_accepts"] > 0  # trees that branch, and rows that were fixed
     # The baselines only now: a process of its own may still be computing them.

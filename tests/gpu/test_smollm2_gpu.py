@@ -88,6 +88,13 @@ def test_greedy_float32_equals_the_target_alone(pair, expected, scorer, engine):
 CHECKS = {
     "float32-fixup": ("float32", "fixup", IEEE, ("max_error", 1e-3)),
     "bfloat16-paths": ("bfloat16", "paths", {}, ("max_relative_error", 2**-5)),
+    # Every row through the path requests (the stock pass skipped): all rows checked.
+    "bfloat16-one-pass": (
+        "bfloat16",
+        "one-pass",
+        {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"},
+        ("max_relative_error", 2**-5),
+    ),
 }
 
 
@@ -115,4 +122,5 @@ def test_recomputed_rows_are_right_up_to_rounding(pair, case):
     check = stats["tree_attention_check"]
     print("tree attention check", check, stats["tree_attention"])
     assert stats["tree_attention"] == attention and check["rows"] > 0
+    assert (stats["one_pass_steps"] > 0) == (attention == "one-pass")
     assert check[figure] < bar, check

@@ -8,6 +8,9 @@ cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
 - paths (the default where the target runs FA3): FA3 itself, once more over the step's
   root-to-leaf path requests (engine/tree_paths.py), so that tree rows round exactly as
   decoding's rows do (in bf16 the fix-up's own rounding flips a small model's near-ties);
+- one-pass: as paths, but a step whose requests are all trees runs no stock pass in the
+  target's layers: its path requests hold every row (tree_paths.py), so FA3 runs once
+  per layer, not twice (other steps: as paths; the runner keeps them out of FULL graphs);
 - fixup (the default elsewhere: float32 models, vLLM's Triton backend): the Triton tree
   kernel (kernels/tree_attention.py), which reads each request's prefix once; beside
   vLLM's Triton attention it takes that kernel's key tiles and softmax steps, unsplit,
@@ -37,29 +40,28 @@ _KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addr
 
 class TreeFixupMixin:
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
-        out = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
         verification = installed()
-        if (
-            verification is None
-            or attn_metadata is None
-            or layer.layer_name not in verification.layers
-        ):
-            return out
+        tree_layer = (
+            verification is not None
+            and attn_metadata is not None
+            and layer.layer_name in verification.layers
+        )
+        # One pass: the path requests hold every row, and the stock pass is not run (the
+        # KV cache is already written: vLLM's do_kv_cache_update runs before attention).
+        one_pass = tree_layer and paths_alone(verification)
+        if not one_pass:
+            output = super().forward(
+                layer, query, key, value, kv_cache, attn_metadata, output, **kwargs
+            )
+        if not tree_layer:
+            return output
         step = verification.step
-        if not verification.capturing and (step is None or not step.any_fix):
-            return out
+        if not (one_pass or verification.capturing or (step is not None and step.any_fix)):
+            return output
         check_supported(self, TREE_LACKS, "CUDA")
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         rows = output.view(output.shape[0], self.num_heads, self.head_size)
         buffers = verification.buffers
-        described = (
-            attn_metadata.block_table,
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens,
-            buffers.token_ancestors,
-            buffers.token_needs_fix,
-            self.scale,
-        )
         if verification.paths is not None:
             self.recompute_paths(query, key_cache, value_cache, verification, attn_metadata, rows)
         else:
@@ -69,10 +71,41 @@ class TreeFixupMixin:
             if kernel is None:
                 kernel = TreeAttention(*geometry, like_triton=like_triton)
                 _KERNELS[(*geometry, like_triton)] = kernel
-            kernel(query, key_cache, value_cache, *described, rows)
+            kernel(query, key_cache, value_cache, *self.described(attn_metadata, buffers), rows)
         if verification.check:
-            CHECK.record(layer.layer_name, query, key_cache, value_cache, *described, rows)
-        return out
+            # One pass computed every row: check them all against the reference.
+            fix = torch.ones_like(buffers.token_needs_fix) if one_pass else None
+            checked = self.described(attn_metadata, buffers, fix)
+            CHECK.record(layer.layer_name, query, key_cache, value_cache, *checked, rows)
+        return output
+
+    def described(self, attn_metadata, buffers, needs_fix=None) -> tuple:
+        """The tree kernel's and the reference's step description: the batch's paged
+        layout, each row's ancestors and which rows need a fix, the softmax scale."""
+        return (
+            attn_metadata.block_table,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            buffers.token_ancestors,
+            buffers.token_needs_fix if needs_fix is None else needs_fix,
+            self.scale,
+        )
+
+
+def paths_alone(verification) -> bool:
+    """One pass (DOMINOTREE_CUDA_TREE_ATTENTION=one-pass): this forward's target layers
+    run the path requests alone, no stock pass. Eager or piecewise: when this step's
+    tables hold every row. A FULL graph is captured so and replayed only for such steps
+    (the runner makes the others non-uniform: runner._determine_batch_execution...)."""
+    tables = verification.paths
+    if tables is None or not tables.one_pass:
+        return False
+    if verification.capturing:
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context
+
+        return get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL
+    return tables.covers_every_row
 
 
 def attend_paths(

@@ -91,6 +91,9 @@ class DominoTreeStats:
     scorer_step: str = ""
     # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
     path_splits: str = ""
+    # "one-pass": steps whose path requests held every row (no stock pass); the other
+    # verification steps ran the stock pass and the fixed rows' paths.
+    one_pass_steps: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -214,7 +217,7 @@ class DominoTreeRunnerMixin:
         mode = attention_mode()
         target = forward_context[min(self._target_layers)]
         if self.device.type == "cuda" and (
-            mode == "paths" or (mode == "auto" and runs_fa3(target))
+            mode in ("paths", "one-pass") or (mode == "auto" and runs_fa3(target))
         ):
             # Allocated here, before vLLM measures the memory left for the KV cache.
             self._verification.paths = PathTables(
@@ -223,14 +226,18 @@ class DominoTreeRunnerMixin:
                 max_len=self.max_model_len,
                 device=self.device,
                 splits=path_splits(),
+                one_pass=mode == "one-pass",
             )
         install(self._verification)
+        paths = self._verification.paths
         self._stats.tree_attention = (
             "cpu"
             if self.device.type != "cuda"
-            else "paths"
-            if self._verification.paths is not None
             else "fixup"
+            if paths is None
+            else "one-pass"
+            if paths.one_pass
+            else "paths"
         )
         self._stats.scorer_step = self.drafter.scorer.step
         if self._verification.paths is not None:
@@ -267,34 +274,49 @@ class DominoTreeRunnerMixin:
             self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
 
     def _check_paths_backend(self, layer) -> None:
-        """DOMINOTREE_CUDA_TREE_ATTENTION=paths needs FA3 and a cache that a one-slot page
-        view can address: checked before any graph is captured."""
+        """DOMINOTREE_CUDA_TREE_ATTENTION=paths (one-pass) needs FA3 and a cache that a
+        one-slot page view can address: checked before any graph is captured."""
         if not runs_fa3(layer):
+            mode = attention_mode()
             raise ValueError(
-                "dominotree: DOMINOTREE_CUDA_TREE_ATTENTION=paths needs vLLM's "
+                f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode} needs vLLM's "
                 f"FlashAttention backend with FA3; this target runs {type(layer.impl).__name__}"
                 " (float32 models use Triton): unset it or set it to fixup"
             )
         slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
         # The build's Triton kernels compiled now, on the buffers every step passes (one
         # tree of no rows: nothing is built), not on the first request's step.
-        self._build_paths(num_trees=1, num_paths=1, max_root=0)
-        self._verification.paths.clear()
+        tables = self._verification.paths
+        for every_row in {False, tables.one_pass}:
+            self._build_paths(num_trees=1, num_paths=1, max_root=0, every_row=every_row)
+        tables.clear()
+        tables.covers_every_row = False
 
     def _publish_paths(self, step: TreeStep | None) -> None:
         """The step's path requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths),
         built on the device from the step's description: no wait for the trees."""
-        if self._verification.paths is None:
+        tables = self._verification.paths
+        if tables is None:
             return
         trees = step.trees if step is not None else []
+        every_row = tables.one_pass and self._all_trees(step)
+        self._stats.one_pass_steps += every_row
         self._build_paths(
             len(trees),
-            num_paths=sum(t.num_rows - 1 for t in trees),  # each owns a drafted row
+            # Each owns a drafted row; one pass: a tree of the root alone has one too.
+            num_paths=sum(max(t.num_rows - 1, int(every_row)) for t in trees),
             # The host's root positions are exact or optimistic (asynchronous): a bound.
             max_root=max((t.start for t in trees), default=0),
+            every_row=every_row,
         )
 
-    def _build_paths(self, num_trees: int, num_paths: int, max_root: int) -> None:
+    def _all_trees(self, step: TreeStep | None) -> bool:
+        """Every request of the step is a tree: the path requests can hold every row."""
+        return step is not None and len(step.trees) == self.input_batch.num_reqs
+
+    def _build_paths(
+        self, num_trees: int, num_paths: int, max_root: int, every_row: bool = False
+    ) -> None:
         tables = self._verification.paths
         rows_per_tree = self._verification.rows_per_tree
         table = self.input_batch.block_table[self._target_group]
@@ -309,6 +331,7 @@ class DominoTreeRunnerMixin:
             block_table=table.block_table.gpu,
             block_size=table.block_size,
             slot_mapping=table.slot_mapping.gpu,
+            every_row=every_row,
         )
 
     def capture_model(self, *args, **kwargs):
@@ -415,6 +438,18 @@ class DominoTreeRunnerMixin:
         )
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
+        tables = self._verification.paths
+        if (
+            tables is not None
+            and tables.one_pass
+            and kwargs.get("force_uniform_decode") is None
+            and not tables.covers_every_row
+        ):
+            # One pass: a FULL graph runs the target's attention as path requests alone
+            # (cuda_attention.py), right only when they hold every row. vLLM calls a
+            # batch of budget + 1 rows per request uniform even when some are prefill
+            # chunks; such a step runs piecewise, its attention eager (stock + paths).
+            kwargs["force_uniform_decode"] = False
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
         if self._step is not None and self._step.trees:  # a verification step
             mode = decision[0].name  # CUDAGraphMode of this forward
