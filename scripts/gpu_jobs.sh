@@ -137,7 +137,8 @@ case $job in
       "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
 tests/gpu/test_accept_graphs.py \
 tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths] \
-tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass]"
+tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass] \
+tests/gpu/test_smollm2_gpu.py::test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs"
       "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
 $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
       "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \

@@ -124,3 +124,39 @@ def test_recomputed_rows_are_right_up_to_rounding(pair, case):
     assert stats["tree_attention"] == attention and check["rows"] > 0
     assert (stats["one_pass_steps"] > 0) == (attention == "one-pass")
     assert check[figure] < bar, check
+
+
+def test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs(pair):
+    """One pass, bf16: a request admitted while another decodes prefills beside its tree;
+    with a prompt of budget + 1 tokens vLLM calls that step uniform (a FULL graph, where
+    the path requests would hold the tree's rows only). The runner runs such steps
+    piecewise, and every output stays the target's own up to flipped near-ties."""
+    from divergence_stats import diverged, not_near_ties
+    from vllm import SamplingParams
+
+    target, prompts = pair
+    rows = 17  # budget 16 (CUDA's default) + the root
+    prompts = [p[-rows:] for p in prompts[:6]]  # distinct endings, no shared prefix
+    lengths = [24, 56, 32, 48, 40, 28]  # staggered: requests finish and are admitted apart
+
+    def params(logprobs=None):
+        return [
+            SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=logprobs)
+            for n in lengths
+        ]
+
+    engine = dict(
+        dtype="bfloat16",
+        max_model_len=2048,
+        max_num_seqs=2,
+        enable_prefix_caching=False,
+        **engine_memory(kv_gib=1),
+    )
+    want, _, margins = run_engine(target, prompts, params(2), margins=True, **engine)
+    config = {"method": "dominotree", "model": str(DRAFTER_DIR), "scorer": "conditional"}
+    env = {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"}
+    got, stats = run_engine(target, prompts, params(), config, env, **engine)
+    print("one pass", {k: stats[k] for k in ("one_pass_steps", "split_uniform_steps")})
+    assert stats["split_uniform_steps"] > 0 and stats["one_pass_steps"] > 0
+    found = diverged(got, {"want": want, "margins": margins}, "dominotree one-pass")
+    assert not_near_ties(found) == []

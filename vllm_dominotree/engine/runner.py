@@ -94,6 +94,10 @@ class DominoTreeStats:
     # "one-pass": steps whose path requests held every row (no stock pass); the other
     # verification steps ran the stock pass and the fixed rows' paths.
     one_pass_steps: int = 0
+    # "one-pass": steps of budget + 1 rows per request with a request that is no tree
+    # (a prefill chunk of that length), which vLLM would run in a FULL graph: run
+    # piecewise instead (runner._determine_batch_execution_and_padding).
+    split_uniform_steps: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -284,9 +288,16 @@ class DominoTreeRunnerMixin:
                 " (float32 models use Triton): unset it or set it to fixup"
             )
         slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
+        from .cuda_attention import TreeFlashAttentionBackend
+
+        tables = self._verification.paths
+        if tables.one_pass and TreeFlashAttentionBackend.forward_includes_kv_cache_update:
+            raise RuntimeError(
+                "dominotree: DOMINOTREE_CUDA_TREE_ATTENTION=one-pass skips the stock "
+                "attention, which in this vLLM also writes the KV cache; use paths"
+            )
         # The build's Triton kernels compiled now, on the buffers every step passes (one
         # tree of no rows: nothing is built), not on the first request's step.
-        tables = self._verification.paths
         for every_row in {False, tables.one_pass}:
             self._build_paths(num_trees=1, num_paths=1, max_root=0, every_row=every_row)
         tables.clear()
@@ -442,14 +453,21 @@ class DominoTreeRunnerMixin:
         if (
             tables is not None
             and tables.one_pass
-            and kwargs.get("force_uniform_decode") is None
+            and kwargs.get("force_uniform_decode") is None  # a step, not a capture
             and not tables.covers_every_row
+            and self._is_uniform_decode(
+                kwargs["max_num_scheduled_tokens"],
+                self.uniform_decode_query_len,
+                kwargs["num_tokens"],
+                kwargs["num_reqs"],
+            )
         ):
             # One pass: a FULL graph runs the target's attention as path requests alone
             # (cuda_attention.py), right only when they hold every row. vLLM calls a
             # batch of budget + 1 rows per request uniform even when some are prefill
             # chunks; such a step runs piecewise, its attention eager (stock + paths).
             kwargs["force_uniform_decode"] = False
+            self._stats.split_uniform_steps += 1
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
         if self._step is not None and self._step.trees:  # a verification step
             mode = decision[0].name  # CUDAGraphMode of this forward
