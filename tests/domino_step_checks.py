@@ -11,8 +11,11 @@ from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees
 from vllm_dominotree.tree.scorers import ConditionalScorer
 
 
-def prepared_scorers(head, embed, *, requests, depth, budget, candidates, children, seed):
-    """The torch and the Triton step's scorers, prepared from the same drafter outputs."""
+def prepared_scorers(
+    head, embed, *, requests, depth, budget, candidates, children, seed, prefix_len=1
+):
+    """The torch and the Triton step's scorers, prepared from the same drafter outputs
+    (depths below prefix_len uncorrected: the marginals alone)."""
     gen = torch.Generator().manual_seed(seed)
     device, dtype = embed.device, embed.dtype
     hidden = torch.randn(requests, depth, head.hidden_size, generator=gen).to(dtype).to(device)
@@ -27,7 +30,7 @@ def prepared_scorers(head, embed, *, requests, depth, budget, candidates, childr
             budget=budget,
             candidates=candidates,
             max_children=children,
-            prefix_len=1,
+            prefix_len=prefix_len,
             kernels=kernels,
         )
         scorer.prepare(hidden, base)
@@ -98,11 +101,12 @@ def check_trees_equal_heap(seed: int) -> None:
     vocab, hidden = 40, 24
     head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)
     embed = torch.randn(vocab, hidden, generator=gen)
+    ties = seed % 3 == 0
     _, scorer = prepared_scorers(
         head, embed, requests=8, depth=5, budget=budget, candidates=16, children=children,
-        seed=seed,
+        seed=seed, prefix_len=5 if ties else 1,
     )  # fmt: skip
-    if seed % 3 == 0:  # ties
+    if ties:  # rounded marginals, uncorrected: equal offers from different nodes
         scorer.base.copy_(scorer.base.round())
     anchors = torch.randint(0, vocab, (requests,), generator=gen).tolist()
     host = build_trees(scorer, anchors, shape)

@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from vllm_dominotree.kernels import domino_step, kv_move, path_build, tree_attention
+from vllm_dominotree.kernels import domino_step, kv_move, path_build, tree_attention, tree_pop
 
 H200 = GPUTarget("cuda", 90, 32)
 H200_SHARED = 227 * 1024  # shared memory a block may take (a launch past it fails)
@@ -102,6 +102,16 @@ def test_the_kv_move_compiles():
     types["NumAccepted"] = "*i64"
     constexprs = dict(PAGE=16, KV_HEADS=8, HEADS_PAD=8, ROW=256, ROW_PAD=256, DTYPE=tl.bfloat16)
     assert compiled(kv_move._move_paths, types, constexprs).asm["cubin"]
+
+
+@pytest.mark.parametrize("budget, children", [(16, 16), (64, 4)])
+def test_the_tree_pop_compiles(budget, children):
+    types = {name: "*i64" for name in tree_pop._pop.arg_names if name[0].isupper()}
+    types.update(Scores="*fp64", ChildLogprobs="*fp64", NewLogprobs="*fp64")
+    types.update(NewExpanded="*i1", OutExpand="*i1")
+    width = budget + 2  # the tree's slots and the scratch slot
+    constexprs = dict(WIDTH=triton.next_power_of_2(width), CHILDREN=children)
+    assert compiled(tree_pop._pop, types, constexprs).asm["cubin"]
 
 
 # (hidden, GRU, correction rank): the released Qwen3-4B drafter's, the shipped SmolLM2's

@@ -120,8 +120,18 @@ class DeviceTreeBuilder:
         # (tree/scorers.py). Not one function for both: Inductor fused the torch step
         # with the pop's argmin into a reduction that Triton 3.x on the H200 failed to
         # compile (TritonGPURemoveLayoutConversions, 2026-12-03), which CPU tests cannot
-        # see.
-        self._pop, self._advance = self._pop_rows, compiled(self._advance_rows, device)
+        # see. With the Triton node step the bookkeeping is one Triton launch too
+        # (kernels/tree_pop.py), which also gives the next step its inputs; its outputs
+        # alternate between two buffers (a launch never writes what it reads).
+        self._triton_pop = scorer.step == "triton"
+        self._advance = (
+            self._advance_kernel if self._triton_pop else compiled(self._advance_rows, device)
+        )
+        self._pop_out = [
+            (*(torch.zeros(r, device=device, dtype=torch.long) for _ in range(4)),
+             torch.zeros(r, device=device, dtype=torch.bool))
+            for _ in range(2)
+        ]  # fmt: skip
 
     @torch.no_grad()
     def build(self, anchors: torch.Tensor) -> list[DraftTree]:
@@ -198,36 +208,15 @@ class DeviceTreeBuilder:
             )
         self._finish(p)
 
-    def _start_rows(self, anchors):
-        """Empty trees for [p] rows, each with its root (compiled on CUDA: one or two
-        kernels in place of a dozen fills) -> the root as the first new node: its slot,
-        parent state slot, token, depth, and that it needs children."""
-        p = anchors.shape[0]
-        self.tokens[:p] = -1
-        self.tokens[:p, 0] = anchors
-        self.parents[:p] = UNUSED
-        self.parents[:p, 0] = -1
-        self.depths[:p] = 0
-        self.scores[:p] = 0
-        self.next_rank[:p] = self.scorer.max_children  # nothing offered
-        self.push_seq[:p] = 0
-        self.count[:p] = 1
-        self.spine_tip[:p] = 0 if self.shape.spine else -1
-        node = torch.zeros_like(anchors)
-        parent = torch.full_like(anchors, self.scorer.zero_slot)
-        return node, parent, anchors, node, torch.ones_like(anchors, dtype=torch.bool)
-
-    def _pop_rows(self, rows, node, parent, token, depth, expand, record_seq, pop_seq):
+    def _pop(self, rows, node, parent, token, depth, expand, record_seq, pop_seq):
         """One iteration for [p] rows: the children of every row's last new node (rows
-        that expand nothing compute into the scratch slot), filed, then one pop."""
+        that expand nothing compute into the scorer's scratch state slot), filed, then
+        one pop -> the next node: its slot, parent, token, depth, whether it expands."""
         p = rows.shape[0]
-        logprobs, tokens = self.scorer.children(
-            rows,
-            torch.where(expand, node, self.scorer.scratch_slot),
-            parent,
-            token,
-            torch.where(expand, depth, 0),
-        )
+        if not self._triton_pop:  # the Triton pop gives the step's inputs as they are
+            node = torch.where(expand, node, self.scorer.scratch_slot)
+            depth = torch.where(expand, depth, 0)
+        logprobs, tokens = self.scorer.children(rows, node, parent, token, depth)
         return self._advance(
             self.tokens[:p],
             self.parents[:p],
@@ -246,6 +235,56 @@ class DeviceTreeBuilder:
             record_seq,
             pop_seq,
         )
+
+    def _advance_kernel(
+        self, tokens, parents, depths, scores, child_logprobs, child_tokens, next_rank,
+        push_seq, count, spine_tip, new_node, new_expanded, new_logprobs, new_tokens,
+        record_seq, pop_seq,
+    ):  # fmt: skip
+        """_advance_rows in one Triton launch (kernels/tree_pop.py), which also masks
+        the next step's node and depth."""
+        from ..kernels.tree_pop import pop_trees
+
+        p = tokens.shape[0]
+        out = self._pop_out[int(self._pop_out[0][0].data_ptr() == new_node.data_ptr())]
+        out = tuple(o[:p] for o in out)
+        pop_trees(
+            (tokens, parents, depths, scores, next_rank, push_seq),
+            child_logprobs,
+            child_tokens,
+            count,
+            spine_tip,
+            new_node,
+            new_expanded,
+            new_logprobs,
+            new_tokens,
+            record_seq,
+            pop_seq,
+            out,
+            budget=self.shape.budget,
+            max_depth=self.shape.max_depth,
+            state_scratch=self.scorer.scratch_slot,
+        )
+        return out
+
+    def _start_rows(self, anchors):
+        """Empty trees for [p] rows, each with its root (compiled on CUDA: one or two
+        kernels in place of a dozen fills) -> the root as the first new node: its slot,
+        parent state slot, token, depth, and that it needs children."""
+        p = anchors.shape[0]
+        self.tokens[:p] = -1
+        self.tokens[:p, 0] = anchors
+        self.parents[:p] = UNUSED
+        self.parents[:p, 0] = -1
+        self.depths[:p] = 0
+        self.scores[:p] = 0
+        self.next_rank[:p] = self.scorer.max_children  # nothing offered
+        self.push_seq[:p] = 0
+        self.count[:p] = 1
+        self.spine_tip[:p] = 0 if self.shape.spine else -1
+        node = torch.zeros_like(anchors)
+        parent = torch.full_like(anchors, self.scorer.zero_slot)
+        return node, parent, anchors, node, torch.ones_like(anchors, dtype=torch.bool)
 
     def _grow_chain(self, p: int) -> None:
         """The chain: the scorer's unrolled decoder, one block."""

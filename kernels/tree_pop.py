@@ -1,0 +1,159 @@
+"""The device builder's pop (tree/device_builder.py) in one launch: one program per
+request files the last new node's children and pops the request's next node.
+
+The torch version (`DeviceTreeBuilder._advance_rows`, compiled by Inductor) is the
+reference; this is the same arithmetic on the same tables: the float64 offers (a slot's
+score plus its next child's log-prob), the best offer with the earliest push among
+equal ones, the owed spine child first, the popped node filed, its parent's next child
+offered. A request's frontier is one tree's slots (the budget + 2 of them), so a program
+holds its rows in registers: it reads each table row once, applies the filing and the
+pop there, and writes the rows back once (no store is read back within the program).
+
+It also gives the next pop's scorer step its inputs: the new node, or the scorer's
+scratch state slot where nothing expands, and its depth (0 there), which the torch
+version leaves to two eager `where`s. With the Triton node step (kernels/domino_step.py)
+a pop is then four launches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pop(Tokens, Parents, Depths, Scores, NextRank, PushSeq, ChildLogprobs, ChildTokens,
+         Count, SpineTip, NewNode, NewExpanded, NewLogprobs, NewTokens, stride_new,
+         RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
+         width, slots, children, budget, max_depth, state_scratch,
+         WIDTH: tl.constexpr, CHILDREN: tl.constexpr):  # fmt: skip
+    """Row r's tables: [width] Tokens .. PushSeq (width = slots + 1, the last the scratch
+    slot), [width, children] ChildLogprobs / ChildTokens."""
+    r = tl.program_id(0)
+    j = tl.arange(0, WIDTH)
+    in_row = j < width
+    tree = j < slots  # the tree's slots (the scratch slot offers nothing)
+    c = tl.arange(0, CHILDREN)
+    in_children = c < children
+    base = r.to(tl.int64) * width
+    child_base = base * children
+
+    # File the new node's children (the scratch slot where it expands nothing).
+    new_node = tl.load(NewNode + r)
+    slot = tl.where(tl.load(NewExpanded + r) != 0, new_node, slots)
+    new_logprobs = tl.load(NewLogprobs + r * stride_new + c, mask=in_children, other=0.0)
+    new_tokens = tl.load(NewTokens + r * stride_new + c, mask=in_children, other=0)
+    tl.store(ChildLogprobs + child_base + slot * children + c, new_logprobs, mask=in_children)
+    tl.store(ChildTokens + child_base + slot * children + c, new_tokens, mask=in_children)
+    spine_tip = tl.load(SpineTip + r)
+    # The spine's next node is popped without a push: nothing offered from it.
+    filed_rank = tl.where(spine_tip == new_node, children, 0)
+    next_rank = tl.load(NextRank + base + j, mask=in_row, other=children)
+    next_rank = tl.where(j == slot, filed_rank, next_rank)
+    push_seq = tl.load(PushSeq + base + j, mask=in_row, other=0)
+    push_seq = tl.where(j == slot, tl.load(RecordSeq), push_seq)
+
+    # The pop: the best offer (ties: the earliest push), or the owed spine child.
+    scores = tl.load(Scores + base + j, mask=in_row, other=0.0)
+    offered = tree & (next_rank < children)
+    rank = tl.minimum(next_rank, children - 1)
+    stored = tl.load(ChildLogprobs + child_base + j * children + rank, mask=tree & (j != slot),
+                     other=0.0)  # fmt: skip
+    slot_rank = tl.minimum(filed_rank, children - 1)
+    filed = tl.sum(tl.where(c == slot_rank, new_logprobs, 0.0), axis=0)
+    offer = tl.where(offered, scores + tl.where(j == slot, filed, stored), float("-inf"))
+    tied = offered & (offer == tl.max(offer, axis=0))
+    first = tl.argmin(tl.where(tied, push_seq, 0x7FFFFFFFFFFFFFFF), axis=0)
+    owed = spine_tip >= 0
+    parent = tl.where(owed, spine_tip, first)
+    at_parent = j == parent
+    parent_rank = tl.where(owed, 0, tl.sum(tl.where(at_parent, rank, 0), axis=0))
+    at_child = parent.to(tl.int64) * children + parent_rank
+    child_logprob = tl.where(
+        parent == slot,
+        tl.sum(tl.where(c == parent_rank, new_logprobs, 0.0), axis=0),
+        tl.load(ChildLogprobs + child_base + at_child, mask=parent != slot, other=0.0),
+    )
+    token = tl.where(
+        parent == slot,
+        tl.sum(tl.where(c == parent_rank, new_tokens, 0), axis=0),
+        tl.load(ChildTokens + child_base + at_child, mask=parent != slot, other=0),
+    )
+    score = tl.sum(tl.where(at_parent, scores, 0.0), axis=0) + child_logprob
+    depths = tl.load(Depths + base + j, mask=in_row, other=0)
+    depth = tl.sum(tl.where(at_parent, depths, 0), axis=0) + 1
+    count = tl.load(Count + r)
+    pop = (owed | (tl.max(tied.to(tl.int32), axis=0) > 0)) & (count - 1 < budget)
+    node = tl.where(pop, count, slots)
+
+    # The popped node filed (the scratch slot when none is), its parent's next child
+    # offered, each row written once.
+    at_node = j == node
+    tokens = tl.load(Tokens + base + j, mask=in_row, other=0)
+    parents = tl.load(Parents + base + j, mask=in_row, other=0)
+    tl.store(Tokens + base + j, tl.where(at_node, token, tokens), mask=in_row)
+    tl.store(Parents + base + j, tl.where(at_node, parent, parents), mask=in_row)
+    tl.store(Depths + base + j, tl.where(at_node, depth, depths), mask=in_row)
+    tl.store(Scores + base + j, tl.where(at_node, score, scores), mask=in_row)
+    sibling = tl.where(pop, parent, slots)
+    next_rank = tl.where(j == sibling, parent_rank + 1, next_rank)
+    push_seq = tl.where(j == sibling, tl.load(PopSeq), push_seq)
+    tl.store(NextRank + base + j, next_rank, mask=in_row)
+    tl.store(PushSeq + base + j, push_seq, mask=in_row)
+    count += pop.to(count.dtype)
+    tl.store(Count + r, count)
+    deeper = depth < max_depth
+    tl.store(SpineTip + r, tl.where(owed & pop, tl.where(deeper, node, -1), spine_tip))
+    expand = pop & deeper & (count - 1 < budget)
+    tl.store(OutNode + r, tl.where(expand, node, state_scratch))
+    tl.store(OutParent + r, parent)
+    tl.store(OutToken + r, token)
+    tl.store(OutDepth + r, tl.where(expand, depth, 0))
+    tl.store(OutExpand + r, expand)
+
+
+def pop_trees(
+    tables: tuple[torch.Tensor, ...],  # tokens, parents, depths, scores, next_rank, push_seq
+    child_logprobs: torch.Tensor,  # [p, width, C] float64
+    child_tokens: torch.Tensor,  # [p, width, C] long
+    count: torch.Tensor,  # [p] long
+    spine_tip: torch.Tensor,  # [p] long
+    new_node: torch.Tensor,  # [p] long: the node whose children these are
+    new_expanded: torch.Tensor,  # [p] bool: it has them (else: the scratch slot)
+    new_logprobs: torch.Tensor,  # [p, C] float64
+    new_tokens: torch.Tensor,  # [p, C] long
+    record_seq: torch.Tensor,  # [] long: the push of the new node's first child
+    pop_seq: torch.Tensor,  # [] long: the push of the popped node's next sibling
+    out: tuple[torch.Tensor, ...],  # node, parent, token, depth [p] long, expand [p] bool
+    *,
+    budget: int,
+    max_depth: int,
+    state_scratch: int,  # the scorer's state slot for rows that expand nothing
+) -> None:
+    p, width, children = child_logprobs.shape
+    assert all(t.is_contiguous() for t in (*tables, child_logprobs, child_tokens))
+    assert new_logprobs.stride() == new_tokens.stride() and new_logprobs.stride(1) == 1
+    _pop[(p,)](
+        *tables,
+        child_logprobs,
+        child_tokens,
+        count,
+        spine_tip,
+        new_node,
+        new_expanded,
+        new_logprobs,
+        new_tokens,
+        new_logprobs.stride(0),
+        record_seq,
+        pop_seq,
+        *out,
+        width,
+        width - 1,
+        children,
+        budget,
+        max_depth,
+        state_scratch,
+        WIDTH=triton.next_power_of_2(width),
+        CHILDREN=triton.next_power_of_2(children),
+    )
