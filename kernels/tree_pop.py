@@ -23,7 +23,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _pop(Tokens, Parents, Depths, Scores, NextRank, PushSeq, ChildLogprobs, ChildTokens,
+def _pop(Tokens, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq,
          Count, SpineTip, NewNode, NewExpanded, NewLogprobs, NewTokens, stride_new,
          RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
          width, slots, children, budget, max_depth, state_scratch,
@@ -114,11 +114,7 @@ def _pop(Tokens, Parents, Depths, Scores, NextRank, PushSeq, ChildLogprobs, Chil
 
 
 def pop_trees(
-    tables: tuple[torch.Tensor, ...],  # tokens, parents, depths, scores, next_rank, push_seq
-    child_logprobs: torch.Tensor,  # [p, width, C] float64
-    child_tokens: torch.Tensor,  # [p, width, C] long
-    count: torch.Tensor,  # [p] long
-    spine_tip: torch.Tensor,  # [p] long
+    frontier: tuple[torch.Tensor, ...],  # the builder's [p] rows, in _pop's table order
     new_node: torch.Tensor,  # [p] long: the node whose children these are
     new_expanded: torch.Tensor,  # [p] bool: it has them (else: the scratch slot)
     new_logprobs: torch.Tensor,  # [p, C] float64
@@ -131,15 +127,13 @@ def pop_trees(
     max_depth: int,
     state_scratch: int,  # the scorer's state slot for rows that expand nothing
 ) -> None:
-    p, width, children = child_logprobs.shape
-    assert all(t.is_contiguous() for t in (*tables, child_logprobs, child_tokens))
+    """frontier: tokens, parents, depths, scores [p, width], child log-probs and tokens
+    [p, width, C], next_rank, push_seq [p, width], count, spine_tip [p]."""
+    p, width, children = frontier[4].shape
+    assert all(t.is_contiguous() for t in frontier)
     assert new_logprobs.stride() == new_tokens.stride() and new_logprobs.stride(1) == 1
     _pop[(p,)](
-        *tables,
-        child_logprobs,
-        child_tokens,
-        count,
-        spine_tip,
+        *frontier,
         new_node,
         new_expanded,
         new_logprobs,

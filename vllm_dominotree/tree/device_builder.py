@@ -217,43 +217,26 @@ class DeviceTreeBuilder:
             node = torch.where(expand, node, self.scorer.scratch_slot)
             depth = torch.where(expand, depth, 0)
         logprobs, tokens = self.scorer.children(rows, node, parent, token, depth)
-        return self._advance(
-            self.tokens[:p],
-            self.parents[:p],
-            self.depths[:p],
-            self.scores[:p],
-            self.child_logprobs[:p],
-            self.child_tokens[:p],
-            self.next_rank[:p],
-            self.push_seq[:p],
-            self.count[:p],
-            self.spine_tip[:p],
-            node,
-            expand,
-            logprobs,
-            tokens,
-            record_seq,
-            pop_seq,
-        )
+        return self._advance(self._frontier(p), node, expand, logprobs, tokens, record_seq, pop_seq)
+
+    def _frontier(self, p: int) -> tuple[torch.Tensor, ...]:
+        """The build's tables' first p rows, in the order the pop takes them."""
+        tables = (self.tokens, self.parents, self.depths, self.scores, self.child_logprobs)
+        tables += (self.child_tokens, self.next_rank, self.push_seq, self.count, self.spine_tip)
+        return tuple(t[:p] for t in tables)
 
     def _advance_kernel(
-        self, tokens, parents, depths, scores, child_logprobs, child_tokens, next_rank,
-        push_seq, count, spine_tip, new_node, new_expanded, new_logprobs, new_tokens,
-        record_seq, pop_seq,
-    ):  # fmt: skip
+        self, frontier, new_node, new_expanded, new_logprobs, new_tokens, record_seq, pop_seq
+    ):
         """_advance_rows in one Triton launch (kernels/tree_pop.py), which also masks
         the next step's node and depth."""
         from ..kernels.tree_pop import pop_trees
 
-        p = tokens.shape[0]
+        p = new_node.shape[0]
         out = self._pop_out[int(self._pop_out[0][0].data_ptr() == new_node.data_ptr())]
         out = tuple(o[:p] for o in out)
         pop_trees(
-            (tokens, parents, depths, scores, next_rank, push_seq),
-            child_logprobs,
-            child_tokens,
-            count,
-            spine_tip,
+            frontier,
             new_node,
             new_expanded,
             new_logprobs,
@@ -311,28 +294,14 @@ class DeviceTreeBuilder:
         self._describe(tokens, parents, depths, self.table[:, :p, :s])
 
     def _advance_rows(
-        self,
-        tokens,
-        parents,
-        depths,
-        scores,
-        child_logprobs,
-        child_tokens,
-        next_rank,
-        push_seq,
-        count,
-        spine_tip,
-        new_node,
-        new_expanded,
-        new_logprobs,
-        new_tokens,
-        record_seq,
-        pop_seq,
+        self, frontier, new_node, new_expanded, new_logprobs, new_tokens, record_seq, pop_seq
     ):
         """File the children of every row's last new node ([p] slots; rows with
         `new_expanded` False file into the scratch slot), then pop once per row
         ([p, slots + 1] tables, updated in place) -> the popped node's slot, parent,
         token, depth, and whether it needs children."""
+        tokens, parents, depths, scores, child_logprobs, child_tokens = frontier[:6]
+        next_rank, push_seq, count, spine_tip = frontier[6:]
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         slot = torch.where(new_expanded, new_node, self.slots)
         child_logprobs[rows, slot] = new_logprobs
