@@ -67,6 +67,7 @@ def test_one_pass_tables_give_every_rows_attention():
 def test_one_pass_skips_the_stock_pass_only_where_the_paths_hold_every_row(monkeypatch):
     import vllm.forward_context
     from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
 
     from vllm_dominotree.engine.cuda_attention import paths_alone
     from vllm_dominotree.engine.tree_step import TreeVerification
@@ -81,11 +82,17 @@ def test_one_pass_skips_the_stock_pass_only_where_the_paths_hold_every_row(monke
     assert paths_alone(one) and not paths_alone(two)
     one.paths.covers_every_row = False  # a step with a request that is not a tree
     assert not paths_alone(one)
-    # Capture: FULL graphs (uniform all-tree steps only) record the paths alone; the
-    # piecewise warm-ups run the stock pass.
+    # Capture: FULL graphs of uniform batches (replayed for all-tree steps only) record
+    # the paths alone; piecewise captures and FULL graphs of mixed batches (vLLM's pure
+    # FULL mode) keep the stock pass.
     one.capturing = two.capturing = True
-    for mode, alone in [(CUDAGraphMode.FULL, True), (CUDAGraphMode.PIECEWISE, False)]:
-        context = SimpleNamespace(cudagraph_runtime_mode=mode)
+    for mode, uniform, alone in [
+        (CUDAGraphMode.FULL, True, True),
+        (CUDAGraphMode.FULL, False, False),
+        (CUDAGraphMode.PIECEWISE, True, False),
+    ]:
+        batch = BatchDescriptor(num_tokens=34, num_reqs=2, uniform=uniform)
+        context = SimpleNamespace(cudagraph_runtime_mode=mode, batch_descriptor=batch)
         monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda c=context: c)
         assert paths_alone(one) == alone and not paths_alone(two)
 

@@ -95,8 +95,10 @@ class TreeFixupMixin:
 def paths_alone(verification) -> bool:
     """One pass (DOMINOTREE_CUDA_TREE_ATTENTION=one-pass): this forward's target layers
     run the path requests alone, no stock pass. Eager or piecewise: when this step's
-    tables hold every row. A FULL graph is captured so and replayed only for such steps
-    (the runner makes the others non-uniform: runner._determine_batch_execution...)."""
+    tables hold every row. A FULL graph of a uniform batch is captured so, and replayed
+    only for such steps (the runner makes the others non-uniform: runner.
+    _determine_batch_execution_and_padding); other graphs keep the stock pass (with
+    tables that hold every row, the paths then recompute every row over it)."""
     tables = verification.paths
     if tables is None or not tables.one_pass:
         return False
@@ -104,7 +106,10 @@ def paths_alone(verification) -> bool:
         from vllm.config import CUDAGraphMode
         from vllm.forward_context import get_forward_context
 
-        return get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL
+        context = get_forward_context()
+        batch = context.batch_descriptor
+        full = context.cudagraph_runtime_mode == CUDAGraphMode.FULL
+        return full and batch is not None and batch.uniform
     return tables.covers_every_row
 
 

@@ -26,7 +26,8 @@ Besides these, the tree runner (engine/runner.py) subclasses the V1 runner and o
 `_determine_batch_execution_and_padding` (its keywords `num_tokens`, `num_reqs`,
 `max_num_scheduled_tokens`, `force_uniform_decode`; it calls `_is_uniform_decode`); the
 CUDA attention (engine/cuda_attention.py) subclasses `FlashAttentionImpl` and
-`TritonAttentionImpl`, reads `ForwardContext.cudagraph_runtime_mode` and, for one pass,
+`TritonAttentionImpl`, reads `ForwardContext.cudagraph_runtime_mode` and
+`batch_descriptor.uniform` and, for one pass,
 relies on FlashAttention's `forward_includes_kv_cache_update = False`; the proposer
 (engine/proposer.py) subclasses `DFlashProposer`; its query-pass graphs
 (engine/draft_graphs.py) read the DFlash proposer's `input_ids`, `_slot_mapping_buffer`,
