@@ -140,6 +140,8 @@ def test_the_attention_mode_is_checked(monkeypatch):
     assert attention_mode() == "fixup"
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
     assert attention_mode() == "paths"
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass")
+    assert attention_mode() == "one-pass"
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "fa3")
     with pytest.raises(ValueError, match="DOMINOTREE_CUDA_TREE_ATTENTION='fa3'; use one of"):
         attention_mode()
