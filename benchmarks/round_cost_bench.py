@@ -9,9 +9,11 @@ A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with 
 synchronous scheduling instead of its default (asynchronous on CUDA), `-vllm-draft` with
 vLLM's piecewise query pass instead of the plugin's drafter graphs, `-prepare-apart` with
 the drafter's logits and the scorer's preparation eager before the build instead of in
-its graph, `-paths` / `-fixup` with the tree rows through FA3 path requests / the
-Triton fix-up kernel, `-triton` with the conditional scorer's per-node step as Triton
-launches (DOMINOTREE_NODE_STEP), e.g. `conditional-sync` or `conditional-triton`.
+its graph, `-paths` / `-fixup` / `-one-pass` with the tree rows through FA3 path requests
+/ the Triton fix-up kernel / path requests for every row and no stock pass,
+`-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS), `-triton`
+with the conditional scorer's per-node step and the builder's pop as Triton launches
+(DOMINOTREE_NODE_STEP), e.g. `conditional-sync` or `conditional-one-pass-splits1`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
