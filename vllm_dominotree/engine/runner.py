@@ -483,7 +483,12 @@ class DominoTreeRunnerMixin:
     # 2. verify -------------------------------------------------------------------------
     def _model_forward(self, *args, **kwargs):
         with self.stage_clock.stage("verify"):
-            return super()._model_forward(*args, **kwargs)
+            out = super()._model_forward(*args, **kwargs)
+        if self._verification.paths is not None:
+            # This step's tables are spent: a forward that no step prepared (vLLM's dummy
+            # runs) must not run the path requests alone over them.
+            self._verification.paths.covers_every_row = False
+        return out
 
     # 3. accept (and commit the K/V) ----------------------------------------------------
     def _sample(self, logits, spec_decode_metadata) -> SamplerOutput:
