@@ -85,9 +85,11 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
     scale = head_dim**-0.5
     fixed = needs_fix.bool()
     tables = path_tables(args, each_row=False)
+    every = path_tables(args, each_row=False, every_row=True)  # one pass: all rows
     outputs = {
         "decode": paths_output(args, each_row=True, max_rows=ROWS),
         "paths": paths_output(args, each_row=False, max_rows=ROWS, tables=tables),
+        "one_pass": paths_output(args, each_row=False, max_rows=ROWS, tables=every),
         "fixup": torch.full_like(query, 7.0),
     }
     fixup = TreeAttention(heads, head_dim, ROWS, "cuda")
@@ -113,8 +115,8 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
             num_splits=num_splits,
         )
 
-    def paths(max_seqlen_k: int, num_splits: int):
-        return gpu_ms(lambda: paths_output(args, False, ROWS, tables, max_seqlen_k, num_splits))
+    def paths(max_seqlen_k: int, num_splits: int, requests=tables):
+        return gpu_ms(lambda: paths_output(args, False, ROWS, requests, max_seqlen_k, num_splits))
 
     timings = {
         "stock_ms": gpu_ms(stock),
@@ -125,6 +127,9 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
         "paths_one_split_ms": paths(longest, 1),
         "paths_model_length_ms": paths(MODEL_LENGTH, 0),
         "paths_model_length_graph_splits_ms": paths(MODEL_LENGTH, SPLITS_UNDER_GRAPHS),
+        # One pass: these replace both the stock pass and the paths (every row).
+        "one_pass_graph_splits_ms": paths(longest, SPLITS_UNDER_GRAPHS, every),
+        "one_pass_one_split_ms": paths(longest, 1, every),
     }
     exact = torch.zeros(query.shape, dtype=torch.float32, device="cuda")
     tree_attention_reference(query.float(), *args[1:], scale, exact)
@@ -154,6 +159,8 @@ TIMINGS = (
     "paths_one_split_ms",
     "paths_model_length_ms",
     "paths_model_length_graph_splits_ms",
+    "one_pass_graph_splits_ms",
+    "one_pass_one_split_ms",
 )
 
 
@@ -165,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = [(s, c, r) for s in SHAPES for c in args.contexts for r in args.requests]
     results = [measure(s, c, seed, r) for seed, (s, c, r) in enumerate(cases)]
-    methods = ("decode", "paths", "fixup")
+    methods = ("decode", "paths", "one_pass", "fixup")
     rows = [
         [
             r["shape"],
@@ -190,9 +197,11 @@ def main() -> None:
                 "requests",
                 "fixed rows",
                 "paths != decode",
+                "one pass != decode",
                 "fixup != decode",
                 "decode mean |err|",
                 "paths mean |err|",
+                "one pass mean |err|",
                 "fixup mean |err|",
                 "stock FA3 ms",
                 f"stock, {SPLITS_UNDER_GRAPHS} splits",
@@ -202,6 +211,8 @@ def main() -> None:
                 "paths, one split",
                 "paths, model length",
                 f"paths, model length, {SPLITS_UNDER_GRAPHS} splits",
+                f"one pass (every row, no stock pass), {SPLITS_UNDER_GRAPHS} splits",
+                "one pass, one split",
             ],
             rows,
             [
@@ -211,7 +222,8 @@ def main() -> None:
                 f"row), random trees of up to {ROWS} rows after random contexts; over the "
                 "rows a causal pass gets wrong, the share of output elements that differ "
                 "from FA3's one-token decoding of the row's own path, the mean absolute "
-                "error against the float32 reference, and GPU ms per layer's pass.",
+                "error against the float32 reference, and GPU ms per layer's pass "
+                "(one pass: in place of the stock pass and the paths).",
             ],
         )
     )

@@ -103,9 +103,10 @@ def max_error(
     return error, untouched, int(fixed.sum())
 
 
-def path_tables(args, each_row: bool):
+def path_tables(args, each_row: bool, every_row: bool = False):
     """A random_case batch's path requests (engine/tree_paths.py) published into device
-    tables. each_row: one request per fixed row (FA3's one-token decoding of its path)."""
+    tables. each_row: one request per fixed row (FA3's one-token decoding of its path);
+    every_row: requests that hold every row (one pass)."""
     from vllm_dominotree.engine.tree_paths import (
         PathTables,
         batch_path_specs,
@@ -116,7 +117,7 @@ def path_tables(args, each_row: bool):
     page = key_cache.shape[1]
     tables = PathTables(query.shape[0], query.shape[0], block_table.shape[1] * page, query.device)
     tables.publish(
-        batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row),
+        batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row, every_row),
         block_table,
         page,
         batch_slot_mapping(block_table, query_start, seq_lens, page),
