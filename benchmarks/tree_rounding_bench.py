@@ -89,7 +89,7 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
     outputs = {
         "decode": paths_output(args, each_row=True, max_rows=ROWS),
         "paths": paths_output(args, each_row=False, max_rows=ROWS, tables=tables),
-        "one_pass": paths_output(args, each_row=False, max_rows=ROWS, tables=every),
+        "one_pass": paths_output(args, False, ROWS, every, every_row=True),
         "fixup": torch.full_like(query, 7.0),
     }
     fixup = TreeAttention(heads, head_dim, ROWS, "cuda")
@@ -116,7 +116,10 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
         )
 
     def paths(max_seqlen_k: int, num_splits: int, requests=tables):
-        return gpu_ms(lambda: paths_output(args, False, ROWS, requests, max_seqlen_k, num_splits))
+        one_pass = requests is every  # written with one pass's single gather
+        return gpu_ms(
+            lambda: paths_output(args, False, ROWS, requests, max_seqlen_k, num_splits, one_pass)
+        )
 
     timings = {
         "stock_ms": gpu_ms(stock),

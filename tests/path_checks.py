@@ -69,9 +69,10 @@ def publish_case(tables: PathTables, case, each_row: bool = False, every_row: bo
     )
 
 
-def attend_case(tables: PathTables, case) -> torch.Tensor:
-    """The case's fixed rows through attend_paths (the runner's gathers and scatter)
-    with the stand-in for FA3; the other rows stay 7.0."""
+def attend_case(tables: PathTables, case, every_row: bool = False) -> torch.Tensor:
+    """The case's fixed rows (every_row: all, one pass's single gather) through
+    attend_paths (the runner's gathers and scatter) with the stand-in for FA3; the other
+    rows stay 7.0."""
     query, key_cache, value_cache = case[:3]
     got = torch.full_like(query, 7.0)
     attend_paths(
@@ -84,6 +85,7 @@ def attend_case(tables: PathTables, case) -> torch.Tensor:
         int(case[5].max()),
         got,
         varlen=fa3_stand_in,
+        every_row=every_row,
     )
     return got
 
@@ -118,7 +120,8 @@ def check_build_equals_publish(
     assert_same_tables(built, host)
     assert built.covers_every_row == every_row
     assert bool(built.row_owned[:tokens].all()) == every_row  # the first request: a root
-    assert (attend_case(built, case) - reference(case, every_row)).abs().max() < 1e-5
+    got = attend_case(built, case, every_row)
+    assert (got - reference(case, every_row)).abs().max() < 1e-5
 
 
 def check_build_after_a_larger_step() -> None:

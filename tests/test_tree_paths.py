@@ -56,12 +56,15 @@ def test_every_row_is_owned_once_in_one_pass(seed):
     assert len(paths) == max(1, sum(i not in parents for i in range(1, len(parents))))
 
 
-def test_one_pass_tables_give_every_rows_attention():
-    case = random_case("cpu", torch.float32, 2, requests=5, max_context=90)
+@pytest.mark.parametrize("seed", range(6))
+def test_one_pass_tables_give_every_rows_attention(seed):
+    case = random_case("cpu", torch.float32, seed, requests=5, max_context=90)
     tables = PathTables(max_paths=64, max_tokens=case[0].shape[0], max_len=2048, device="cpu")
     publish_case(tables, case, every_row=True)
     assert tables.row_owned[: case[0].shape[0]].all()
-    assert (attend_case(tables, case) - reference(case, every_row=True)).abs().max() < 1e-5
+    want = reference(case, every_row=True)
+    for every_row in (False, True):  # the gather-and-where and one pass's single gather
+        assert (attend_case(tables, case, every_row) - want).abs().max() < 1e-5
 
 
 def test_one_pass_skips_the_stock_pass_only_where_the_paths_hold_every_row(monkeypatch):

@@ -174,11 +174,13 @@ def paths_output(
     tables=None,
     max_seqlen_k: int | None = None,
     num_splits: int = 0,
+    every_row: bool = False,
 ) -> torch.Tensor:
     """A random_case batch's fixed rows through FA3 over path requests (CUDA;
     engine/tree_paths.py), the other rows left at 7.0 (tables: path_tables', made here
     unless given; max_seqlen_k: the batch's longest sequence unless given; num_splits:
-    FA3's, 0 its own heuristic, the engine's under FULL graphs vLLM's bound)."""
+    FA3's, 0 its own heuristic, the engine's under FULL graphs vLLM's bound; every_row:
+    tables that own every row, written with one pass's single gather)."""
     from vllm_dominotree.engine.cuda_attention import attend_paths
 
     query, key_cache, value_cache = args[:3]
@@ -187,6 +189,15 @@ def paths_output(
     out = torch.full_like(query, 7.0)
     scale = query.shape[-1] ** -0.5
     attend_paths(
-        query, key_cache, value_cache, tables, scale, max_rows, longest, out, num_splits=num_splits
+        query,
+        key_cache,
+        value_cache,
+        tables,
+        scale,
+        max_rows,
+        longest,
+        out,
+        num_splits=num_splits,
+        every_row=every_row,
     )
     return out

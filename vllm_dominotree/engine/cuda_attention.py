@@ -63,7 +63,9 @@ class TreeFixupMixin:
         rows = output.view(output.shape[0], self.num_heads, self.head_size)
         buffers = verification.buffers
         if verification.paths is not None:
-            self.recompute_paths(query, key_cache, value_cache, verification, attn_metadata, rows)
+            self.recompute_paths(
+                query, key_cache, value_cache, verification, attn_metadata, rows, one_pass
+            )
         else:
             geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
             like_triton = isinstance(self, TritonAttentionImpl)
@@ -125,13 +127,15 @@ def attend_paths(
     fa_version: int = 3,
     num_splits: int = 0,
     varlen=None,
+    every_row: bool = False,
 ) -> None:
     """The path requests' rows through FA3 (pages of one slot), written into `rows`.
     max_seqlen_k, num_splits: as the stock pass is called (no path request is longer
     than its request). FA3 reads each request's true key count from seqused_k; the two
     only steer its host-side choices (split count, GQA packing), which a captured graph
     keeps. varlen: vLLM's flash_attn_varlen_func (default), or a stand-in with its
-    arguments (the CPU tests')."""
+    arguments (the CPU tests'). every_row (one pass): the tables own every real row, so
+    every row is written (padding rows of a graph get some path row)."""
     if varlen is None:
         from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func as varlen
 
@@ -156,15 +160,23 @@ def attend_paths(
         fa_version=fa_version,
         num_splits=num_splits,
     )
+    # Into `rows` in place: one gather (one pass), or a gather and a `where` keeping
+    # the stock pass's rows that no path request owns.
+    to_query = tables.row_to_query[:num_tokens]
+    if every_row:
+        torch.index_select(path_out, 0, to_query, out=rows)
+        return
     owned = tables.row_owned[:num_tokens, None, None]
-    # In place (`out=rows`: the same memory, element for element): no copy kernel.
-    torch.where(owned, path_out[tables.row_to_query[:num_tokens]], rows, out=rows)
+    torch.where(owned, path_out[to_query], rows, out=rows)
 
 
 class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
-    def recompute_paths(self, query, key_cache, value_cache, verification, attn_metadata, rows):
+    def recompute_paths(
+        self, query, key_cache, value_cache, verification, attn_metadata, rows, every_row
+    ):
         """The fixed rows once more through FA3, as the queries of the step's path
-        requests (tree_paths.py), written over the stock pass's rows. FA3 is called as
+        requests (tree_paths.py), written over the stock pass's rows (every_row: one
+        pass, every row and no stock pass). FA3 is called as
         the stock pass is (the step's longest sequence, vLLM's split bound) unless
         DOMINOTREE_PATH_SPLITS sets the split count; what the pass costs under each
         setting: benchmarks/tree_rounding_bench.py."""
@@ -181,6 +193,7 @@ class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
             attn_metadata.max_num_splits
             if verification.paths.splits is None
             else verification.paths.splits,
+            every_row=every_row,
         )
 
 
