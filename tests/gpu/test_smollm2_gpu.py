@@ -127,10 +127,11 @@ def test_recomputed_rows_are_right_up_to_rounding(pair, case):
 
 
 def test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs(pair):
-    """One pass, bf16: a request admitted while another decodes prefills beside its tree;
-    with a prompt of budget + 1 tokens vLLM calls that step uniform (a FULL graph, where
-    the path requests would hold the tree's rows only). The runner runs such steps
-    piecewise, and every output stays the target's own up to flipped near-ties."""
+    """One pass, bf16: with prompts of budget + 1 tokens vLLM calls uniform (a FULL
+    graph, where the path requests would hold the trees' rows only) both the first step
+    (two prefills) and the steps where a request admitted while another decodes prefills
+    beside its tree. The runner runs such steps piecewise (counted), and every output
+    stays the target's own up to flipped near-ties."""
     from divergence_stats import diverged, not_near_ties
     from vllm import SamplingParams
 

@@ -244,9 +244,8 @@ class DominoTreeRunnerMixin:
             else "paths"
         )
         self._stats.scorer_step = self.drafter.scorer.step
-        if self._verification.paths is not None:
-            splits = self._verification.paths.splits
-            self._stats.path_splits = "vllm" if splits is None else str(splits)
+        if paths is not None:
+            self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
         # Tensor parallelism: the ranks' trees agree.
         self._rank_check = make_rank_check(self.device)
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures

@@ -121,12 +121,10 @@ class DeviceTreeBuilder:
         # with the pop's argmin into a reduction that Triton 3.x on the H200 failed to
         # compile (TritonGPURemoveLayoutConversions, 2026-12-03), which CPU tests cannot
         # see. With the Triton node step the bookkeeping is one Triton launch too
-        # (kernels/tree_pop.py), which also gives the next step its inputs; its outputs
-        # alternate between two buffers (a launch never writes what it reads).
+        # (kernels/tree_pop.py), which also gives the next step its inputs; pop t writes
+        # them into buffer t % 2 (a launch never writes what it reads).
         self._triton_pop = scorer.step == "triton"
-        self._advance = (
-            self._advance_kernel if self._triton_pop else compiled(self._advance_rows, device)
-        )
+        self._advance = compiled(self._advance_rows, device)
         self._pop_out = [
             (*(torch.zeros(r, device=device, dtype=torch.long) for _ in range(4)),
              torch.zeros(r, device=device, dtype=torch.bool))
@@ -204,12 +202,12 @@ class DeviceTreeBuilder:
         node, parent, token, depth, expand = self._start(anchors)
         for t in range(self.shape.budget):  # the last pop fills the tree: no children after
             node, parent, token, depth, expand = self._pop(
-                rows, node, parent, token, depth, expand, self.seqs[2 * t], self.seqs[2 * t + 1]
+                t, rows, node, parent, token, depth, expand
             )
         self._finish(p)
 
-    def _pop(self, rows, node, parent, token, depth, expand, record_seq, pop_seq):
-        """One iteration for [p] rows: the children of every row's last new node (rows
+    def _pop(self, t, rows, node, parent, token, depth, expand):
+        """Iteration t for [p] rows: the children of every row's last new node (rows
         that expand nothing compute into the scorer's scratch state slot), filed, then
         one pop -> the next node: its slot, parent, token, depth, whether it expands."""
         p = rows.shape[0]
@@ -217,38 +215,23 @@ class DeviceTreeBuilder:
             node = torch.where(expand, node, self.scorer.scratch_slot)
             depth = torch.where(expand, depth, 0)
         logprobs, tokens = self.scorer.children(rows, node, parent, token, depth)
-        return self._advance(self._frontier(p), node, expand, logprobs, tokens, record_seq, pop_seq)
+        # The new node's children's push, then the popped node's next sibling's.
+        filed = (node, expand, logprobs, tokens, self.seqs[2 * t], self.seqs[2 * t + 1])
+        if not self._triton_pop:
+            return self._advance(self._frontier(p), *filed)
+        from ..kernels.tree_pop import pop_trees
+
+        out = tuple(o[:p] for o in self._pop_out[t % 2])
+        shape = self.shape
+        pop_trees(self._frontier(p), *filed, out, budget=shape.budget, max_depth=shape.max_depth,
+                  state_scratch=self.scorer.scratch_slot)  # fmt: skip
+        return out
 
     def _frontier(self, p: int) -> tuple[torch.Tensor, ...]:
         """The build's tables' first p rows, in the order the pop takes them."""
         tables = (self.tokens, self.parents, self.depths, self.scores, self.child_logprobs)
         tables += (self.child_tokens, self.next_rank, self.push_seq, self.count, self.spine_tip)
         return tuple(t[:p] for t in tables)
-
-    def _advance_kernel(
-        self, frontier, new_node, new_expanded, new_logprobs, new_tokens, record_seq, pop_seq
-    ):
-        """_advance_rows in one Triton launch (kernels/tree_pop.py), which also masks
-        the next step's node and depth."""
-        from ..kernels.tree_pop import pop_trees
-
-        p = new_node.shape[0]
-        out = self._pop_out[int(self._pop_out[0][0].data_ptr() == new_node.data_ptr())]
-        out = tuple(o[:p] for o in out)
-        pop_trees(
-            frontier,
-            new_node,
-            new_expanded,
-            new_logprobs,
-            new_tokens,
-            record_seq,
-            pop_seq,
-            out,
-            budget=self.shape.budget,
-            max_depth=self.shape.max_depth,
-            state_scratch=self.scorer.scratch_slot,
-        )
-        return out
 
     def _start_rows(self, anchors):
         """Empty trees for [p] rows, each with its root (compiled on CUDA: one or two
