@@ -3,9 +3,9 @@
 # shipped files are in place (scripts/device_unpack.sh) and vLLM is staged:
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
-#   suite             the whole of tests/gpu in one `parallel` phase of 16 jobs (none longer
-#                     than about three engine starts; the bf16 variants await the baselines
-#                     their sibling jobs compute) -> $OUT/suite.log
+#   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
+#                     kernel, builder and engine tests, 12 jobs) and `suite bf16` (the bf16
+#                     test's baselines and its 10 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -125,42 +125,48 @@ case $job in
       "${models[@]}" "$@" 2>&1 | quiet
     ;;
   suite)
-    # One `parallel` phase, no job longer than about three engine starts: the engine
-    # files split by test, each bf16 variant in its own job awaiting the baselines that
-    # a sibling job computes (fresh ones: the folder is cleared first).
-    rm -rf "${DOMINOTREE_BF16_BASELINES:-/tmp/bf16_baselines}"
+    # tests/gpu in two parts, a call each (`suite tests`, then `suite bf16`), each one
+    # `parallel` phase of about a dozen jobs of at most two engine starts: with 18 jobs
+    # at once an engine start took 110 s and five jobs ran past a call (2026-12-03e). The
+    # bf16 part's variants await the baselines that two of its jobs compute (fresh
+    # ones: the folder is cleared first).
+    part=${1:?"suite tests | suite bf16"}
     e=tests/gpu/test_engine_gpu.py
-    s=tests/gpu/test_smollm2_gpu.py::test_greedy_float32_equals_the_target_alone
+    s=tests/gpu/test_smollm2_gpu.py
     b=tests/gpu/test_bf16_divergence.py
-    jobs=(
-      "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py"
-      "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
-tests/gpu/test_accept_graphs.py \
-tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths] \
-tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass] \
-tests/gpu/test_smollm2_gpu.py::test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs"
-      "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
+    case $part in
+      tests) jobs=(
+        "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py"
+        "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
+tests/gpu/test_accept_graphs.py $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths]"
+        "tests $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass] \
+$s::test_recomputed_rows_are_right_up_to_rounding[float32-fixup]"
+        "tests $s::test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs"
+        "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
 $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
-      "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
-$e::test_greedy_equals_no_speculation_under_full_graphs[chain]"
-      "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_greedy_eager"
-      "tests $e::test_seeded_sampling_is_the_same_with_and_without_async_scheduling \
+        "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
 $e::test_paths_attention_refused_without_fa3"
-      "tests $s[conditional] $s[chain]"
-      "tests $s[conditional-batch4] \
-tests/gpu/test_smollm2_gpu.py::test_recomputed_rows_are_right_up_to_rounding[float32-fixup]"
-      "tests $b -k baselines[toy]"
-      "tests $b -k baselines[smollm2]"
-    )
-    for pair in toy smollm2; do
-      for scorer in chain marginal conditional one-pass-conditional; do
-        jobs+=("bf16-variant $pair-$scorer")
-      done
-    done
+        "tests $e::test_greedy_equals_no_speculation_under_full_graphs[chain] $e::test_greedy_eager"
+        "tests $e::test_mixed_prefill_and_trees_piecewise"
+        "tests $e::test_seeded_sampling_is_the_same_with_and_without_async_scheduling"
+        "tests $s::test_greedy_float32_equals_the_target_alone[conditional]"
+        "tests $s::test_greedy_float32_equals_the_target_alone[chain]"
+        "tests $s::test_greedy_float32_equals_the_target_alone[conditional-batch4]"
+      ) ;;
+      bf16)
+        rm -rf "${DOMINOTREE_BF16_BASELINES:-/tmp/bf16_baselines}"
+        jobs=("tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]")
+        for pair in toy smollm2; do
+          for variant in chain marginal conditional paths-conditional triton-conditional; do
+            jobs+=("bf16-variant $pair-$variant")
+          done
+        done ;;
+      *) echo "suite tests | suite bf16" >&2; exit 2 ;;
+    esac
     rc=0
     bash "$0" parallel "${jobs[@]}" || rc=1
-    mv "$OUT/jobs.log" "$OUT/suite.log"
-    grep -a -h -E "passed|failed|diverge|error" "$OUT/suite.log" | grep -v Warning || true
+    mv "$OUT/jobs.log" "$OUT/suite_$part.log"
+    grep -a -h -E "passed|failed|diverge|error" "$OUT/suite_$part.log" | grep -v Warning || true
     exit $rc
     ;;
   bf16-variant)

@@ -138,7 +138,7 @@ def test_a_layout_without_a_uniform_slot_stride_is_refused():
 
 
 def test_the_attention_mode_is_checked(monkeypatch):
-    assert attention_mode() == "auto"  # paths where the target runs FA3, else fixup
+    assert attention_mode() == "auto"  # one pass where the target runs FA3, else fixup
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "fixup")
     assert attention_mode() == "fixup"
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")

@@ -29,14 +29,16 @@ CUDA_TREE_ATTENTION_MODES = ("auto", "fixup", "paths", "one-pass")
 
 def attention_mode() -> str:
     """How CUDA tree rows are recomputed (engine/cuda_attention.py), from the environment's
-    DOMINOTREE_CUDA_TREE_ATTENTION: "paths" (FA3 over path requests, engine/tree_paths.py:
-    tree rows round exactly as decoding's), "one-pass" (paths for every row of a step
-    whose requests are all trees, in place of the stock pass: one FA3 call per layer, not
-    two; not the default until measured), "fixup" (the Triton tree kernel: any backend,
-    its own rounding), or "auto" (default): paths where the target runs FA3, else fixup.
-    Why paths first: in bfloat16 the fix-up's rounding left SmolLM2-135M's greedy output
-    on 64 of 100 prompts where vLLM's DFlash left it on 2-3 and the paths on 2-3 (H200,
-    benchmarks/results/h200_2026-12-02_bf16, h200_2026-12-02_paths)."""
+    DOMINOTREE_CUDA_TREE_ATTENTION: "one-pass" (a step whose requests are all trees runs
+    FA3 once, over path requests that hold every row, in place of the stock pass; other
+    steps run as "paths"), "paths" (the stock pass, then FA3 over path requests for the
+    rows it got wrong, engine/tree_paths.py), "fixup" (the Triton tree kernel: any
+    backend, its own rounding), or "auto" (default): one pass where the target runs FA3,
+    else fixup. Path requests round each row as decoding its own path would: in bfloat16
+    the fix-up's rounding left SmolLM2-135M's greedy output on 64 of 100 prompts where
+    vLLM's DFlash left it on 1-3 and the path requests on 0-4 (H200,
+    benchmarks/results/h200_2026-12-02_bf16, h200_2026-12-03e). One pass over two: 0.62
+    / 0.48 ms less verification per round at batch 1 / 16 (h200_2026-12-03e)."""
     mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "auto")
     if mode not in CUDA_TREE_ATTENTION_MODES:
         raise ValueError(

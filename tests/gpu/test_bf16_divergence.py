@@ -158,34 +158,49 @@ def test_baselines(baselines):
     assert not_near_ties(baselines["dflash"]) == []
 
 
-# Every scorer with the plugin's defaults (what a user runs): chain trees need no second
-# pass; marginal and conditional trees branch, their fixed rows computed by FA3 over path
-# requests ("auto" on FA3: engine/tree_paths.py). The Triton fix-up
-# (DOMINOTREE_CUDA_TREE_ATTENTION=fixup) rounds its own way and leaves a small model's
-# output far more often (SmolLM2: 64 of 100, H200 2026-12-02); that is measured with
-# benchmarks/divergence_probe.py (`conditional-fixup`), not held to this bar.
-# `one-pass-conditional`: DOMINOTREE_CUDA_TREE_ATTENTION=one-pass (every row of an
-# all-tree step through the path requests, no stock pass), under FULL graphs. (A prefix,
-# so that `-k smollm2-conditional` selects one variant.)
-@pytest.mark.parametrize("scorer", ["chain", "marginal", "conditional", "one-pass-conditional"])
-def test_first_divergence_no_worse_than_vllm_dflash(pair, scorer, request):
-    one_pass = scorer.startswith("one-pass-")
+# Every scorer with the plugin's defaults (what a user runs): on FA3 ("auto") a step whose
+# requests are all trees runs its attention once, over path requests that hold every row
+# (engine/tree_paths.py), so each row rounds as decoding its own path would. The Triton
+# fix-up (DOMINOTREE_CUDA_TREE_ATTENTION=fixup) rounds its own way and leaves a small
+# model's output far more often (SmolLM2: 64 of 100, H200 2026-12-02); that is measured
+# with benchmarks/divergence_probe.py (`conditional-fixup`), not held to this bar.
+# Two variants by name (a prefix, so that `-k smollm2-conditional` selects one variant):
+# `paths-conditional`, the stock pass plus path requests for the branched rows
+# (DOMINOTREE_CUDA_TREE_ATTENTION=paths), and `triton-conditional`, the Triton node step
+# and pop (DOMINOTREE_NODE_STEP=triton; it needs a top-M restriction, and the toy
+# vocabulary is 64 tokens: M 32).
+VARIANTS = {
+    "chain": ({}, {}),
+    "marginal": ({}, {}),
+    "conditional": ({}, {}),
+    "paths-conditional": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
+    "triton-conditional": ({"candidates": 32}, {"DOMINOTREE_NODE_STEP": "triton"}),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
+    scorer = variant.rpartition("-")[2]
+    options, env = VARIANTS[variant]
     config = {
         "method": "dominotree",
         "model": pair["domino"],
         "budget": pair["num_drafts"],
-        "scorer": scorer.removeprefix("one-pass-"),
+        "scorer": scorer,
+        **options,
     }
-    env = {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"} if one_pass else None
     tokens, stats = generate(pair, config, env=env)
-    # bf16 on the H200 runs FA3: the default tree attention ("auto") is the path requests.
-    assert stats["tree_attention"] == ("one-pass" if one_pass else "paths")
-    assert (stats["one_pass_steps"] > 0) == one_pass
+    # bf16 on the H200 runs FA3: the default tree attention ("auto") is one pass.
+    attention = env.get("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass")
+    assert stats["tree_attention"] == attention
+    assert (stats["one_pass_steps"] > 0) == (attention == "one-pass")
+    if "DOMINOTREE_NODE_STEP" in env:
+        assert stats["scorer_step"] == env["DOMINOTREE_NODE_STEP"]
     if scorer != "chain":
         assert stats["sibling_accepts"] > 0  # trees that branch, and rows that were fixed
     # The baselines only now: a process of its own may still be computing them.
     baselines = request.getfixturevalue("baselines")
-    name = f"dominotree {scorer} ({stats['tree_attention']})"
+    name = f"dominotree {variant} ({stats['tree_attention']})"
     found = diverged(tokens, baselines, name)
     # No worse: not significantly more prompts than vLLM's DFlash leaves.
     p_value = worse_p_value(len(found), len(baselines["dflash"]), NUM_PROMPTS)

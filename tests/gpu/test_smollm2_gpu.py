@@ -87,12 +87,14 @@ def test_greedy_float32_equals_the_target_alone(pair, expected, scorer, engine):
 # value product (about 2^-8 of the layer's largest value): its bar is relative.
 CHECKS = {
     "float32-fixup": ("float32", "fixup", IEEE, ("max_error", 1e-3)),
-    "bfloat16-paths": ("bfloat16", "paths", {}, ("max_relative_error", 2**-5)),
-    # Every row through the path requests (the stock pass skipped): all rows checked.
-    "bfloat16-one-pass": (
+    # The default on FA3: every row of an all-tree step through the path requests (the
+    # stock pass skipped), so every row is checked.
+    "bfloat16-one-pass": ("bfloat16", "one-pass", {}, ("max_relative_error", 2**-5)),
+    # The stock pass, then path requests for the rows it got wrong.
+    "bfloat16-paths": (
         "bfloat16",
-        "one-pass",
-        {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"},
+        "paths",
+        {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},
         ("max_relative_error", 2**-5),
     ),
 }
@@ -155,9 +157,9 @@ def test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs(pair):
     )
     want, _, margins = run_engine(target, prompts, params(2), margins=True, **engine)
     config = {"method": "dominotree", "model": str(DRAFTER_DIR), "scorer": "conditional"}
-    env = {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"}
-    got, stats = run_engine(target, prompts, params(), config, env, **engine)
+    got, stats = run_engine(target, prompts, params(), config, **engine)
     print("one pass", {k: stats[k] for k in ("one_pass_steps", "split_uniform_steps")})
+    assert stats["tree_attention"] == "one-pass"  # the default on FA3
     assert stats["split_uniform_steps"] > 0 and stats["one_pass_steps"] > 0
     found = diverged(got, {"want": want, "margins": margins}, "dominotree one-pass")
     assert not_near_ties(found) == []

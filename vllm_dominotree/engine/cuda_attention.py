@@ -5,12 +5,14 @@ The stock kernel runs every row causally, which is exactly right for the rows wh
 ancestors are all the rows before them (roots, chains); then, for the target's layers,
 the other tree rows are recomputed with ancestor-only attention from the same paged
 cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
-- paths (the default where the target runs FA3): FA3 itself, once more over the step's
-  root-to-leaf path requests (engine/tree_paths.py), so that tree rows round exactly as
-  decoding's rows do (in bf16 the fix-up's own rounding flips a small model's near-ties);
-- one-pass: as paths, but a step whose requests are all trees runs no stock pass in the
-  target's layers: its path requests hold every row (tree_paths.py), so FA3 runs once
-  per layer, not twice (other steps: as paths; the runner keeps them out of FULL graphs);
+- one-pass (the default where the target runs FA3): a step whose requests are all
+  trees runs no stock pass in the target's layers: FA3 runs once per layer over the
+  step's root-to-leaf path requests, which hold every row (engine/tree_paths.py), so
+  that tree rows round exactly as decoding's rows do (in bf16 the fix-up's own rounding
+  flips a small model's near-ties); other steps run as paths, and the runner keeps them
+  out of FULL graphs;
+- paths: the stock pass, then FA3 once more over the path requests for the rows it got
+  wrong;
 - fixup (the default elsewhere: float32 models, vLLM's Triton backend): the Triton tree
   kernel (kernels/tree_attention.py), which reads each request's prefix once; beside
   vLLM's Triton attention it takes that kernel's key tiles and softmax steps, unsplit,

@@ -223,6 +223,8 @@ class DominoTreeRunnerMixin:
         if self.device.type == "cuda" and (
             mode in ("paths", "one-pass") or (mode == "auto" and runs_fa3(target))
         ):
+            from .cuda_attention import TreeFlashAttentionBackend
+
             # Allocated here, before vLLM measures the memory left for the KV cache.
             self._verification.paths = PathTables(
                 max_paths=min(self.max_num_reqs * self.drafter.budget, self.max_num_tokens),
@@ -230,7 +232,13 @@ class DominoTreeRunnerMixin:
                 max_len=self.max_model_len,
                 device=self.device,
                 splits=path_splits(),
-                one_pass=mode == "one-pass",
+                # One pass skips the stock pass: "auto" takes it where that pass does not
+                # also write the KV cache (a later vLLM's FA may; then the two passes).
+                one_pass=mode == "one-pass"
+                or (
+                    mode == "auto"
+                    and not TreeFlashAttentionBackend.forward_includes_kv_cache_update
+                ),
             )
         install(self._verification)
         paths = self._verification.paths
