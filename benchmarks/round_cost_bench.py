@@ -318,6 +318,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 # How the engine really built and verified the trees.
                 check_variant_ran(method, environment, stats)
                 row |= {stat: stats.get(stat, "") for stat in VARIANT_STATS.values()}
+                row["fixup_rounding"] = stats.get("fixup_rounding", "")
                 stages = stats["stage_seconds"]
                 llm.collective_rpc("dominotree_profile", args=(False,))
                 split = {k: 1e3 * v / rounds for k, v in stages.items()}

@@ -35,6 +35,7 @@ FAST_KEY_TILE = 64  # keys per inner step, for speed (beside FA3: its rows round
 # tiles of 32 for 16- and 32-bit caches, one program per request and KV head.
 TRITON_KEY_TILE = 32
 MAX_SPLITS = 16
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -269,6 +270,9 @@ def num_splits_for(
     return max(1, min(MAX_SPLITS, wanted, capacity_rows // max(1, num_rows)))
 
 
+ROUNDINGS = ("fast", "triton", "fa3")
+
+
 class TreeAttention:
     """The kernels with their partial-result buffers, allocated once per geometry (the
     addresses a captured graph keeps)."""
@@ -280,20 +284,33 @@ class TreeAttention:
         rows_per_tree: int,
         device,
         capacity_rows: int = 4096,
-        like_triton: bool = False,
+        rounds_as: str = "fast",
     ):
-        """like_triton: round as vLLM's Triton attention does (its key tiles, no
-        splits), for targets that run it; otherwise split keys for speed."""
-        self.rows_per_tree = triton.next_power_of_2(rows_per_tree)
+        """rounds_as: "triton", as vLLM's Triton attention rounds (its key tiles, no
+        splits), for targets that run it; "fa3", as FA3 rounds decoding
+        (tree_attention_fa3.py), for targets on FA3; "fast", key splits for speed and
+        its own rounding."""
+        if rounds_as not in ROUNDINGS:
+            raise ValueError(f"rounds_as={rounds_as!r}; use one of {ROUNDINGS}")
+        rows = triton.next_power_of_2(rows_per_tree)
+        # The FA3 kernel multiplies by the tree's keys: a dot needs 16 of them at least.
+        self.rows_per_tree = max(16, rows) if rounds_as == "fa3" else rows
         self.capacity_rows = capacity_rows
-        self.like_triton = like_triton
-        self.key_tile = TRITON_KEY_TILE if like_triton else FAST_KEY_TILE
+        self.rounds_as = rounds_as
+        self.key_tile = TRITON_KEY_TILE if rounds_as == "triton" else FAST_KEY_TILE
         self.part_acc = torch.empty(capacity_rows, num_heads, head_dim, device=device)
         self.part_max = torch.empty(capacity_rows, num_heads, device=device)
         self.part_sum = torch.empty(capacity_rows, num_heads, device=device)
         # Splits finished per (request, KV head), zero between launches (with splits,
         # requests <= rows <= capacity_rows).
         self.counters = torch.zeros(capacity_rows * num_heads, device=device, dtype=torch.int32)
+        # FA3's scheduler sizes its splits by the GPU's multiprocessors (H200: 132).
+        device = torch.device(device)
+        self.num_sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda"
+            else 132
+        )
 
     def __call__(
         self,
@@ -307,14 +324,18 @@ class TreeAttention:
         needs_fix: torch.Tensor,  # [>= T] int64
         scale: float,
         out: torch.Tensor,  # [T, H, D]: rows that need a fix are overwritten
+        decode_batch_blocks: int = 0,
     ) -> None:
+        """decode_batch_blocks ("fa3"): the key blocks of the decoding step whose
+        rounding the rows take (FA3 sizes its splits by them); 0, the default: this
+        step's requests decoding one row each."""
         num_tokens, heads, head_dim = query.shape
         num_reqs = seq_lens.shape[0]
         kv_heads, page = key_cache.shape[2], key_cache.shape[1]
         group = heads // kv_heads
         group_pad = triton.next_power_of_2(group)
         splits = num_splits_for(
-            num_reqs, kv_heads, num_tokens, self.capacity_rows, self.like_triton
+            num_reqs, kv_heads, num_tokens, self.capacity_rows, self.rounds_as == "triton"
         )
         direct = splits == 1
         view = (splits, 0 if direct else num_tokens)  # the direct path writes no partials
@@ -322,7 +343,7 @@ class TreeAttention:
         part_acc = self.part_acc[:used].view(*view, heads, head_dim)
         part_max = self.part_max[:used].view(*view, heads)
         part_sum = self.part_sum[:used].view(*view, heads)
-        _tree_rows_attention[(num_reqs, kv_heads, splits)](
+        common = (
             query,
             key_cache,
             value_cache,
@@ -352,18 +373,36 @@ class TreeAttention:
             part_acc.stride(2),
             part_max.stride(0),
             part_max.stride(1),
-            scale,
-            splits,
+        )
+        shape = dict(
             GROUP=group,
             GROUP_PAD=group_pad,
             HEAD_DIM=head_dim,
             PAGE=page,
             ROWS=self.rows_per_tree,
-            KEY_TILE=self.key_tile,
-            DIRECT=direct,
             # A [rows x group, head dim] float32 accumulator: 8 warps keep a 128 x 128
             # one in registers (4 spill it).
             num_warps=8 if self.rows_per_tree * group_pad * head_dim >= 128 * 128 else 4,
+        )
+        grid = (num_reqs, kv_heads, splits)
+        if self.rounds_as == "fa3":
+            from .tree_attention_fa3 import FA3_SPLITS, fa3_block_n, tree_rows_attention_fa3
+
+            block_n = fa3_block_n(head_dim)
+            tree_rows_attention_fa3[grid](
+                *common,
+                scale * LOG2E,
+                triton.cdiv(FA3_SPLITS, splits),  # FA3's splits per program
+                self.num_sms,
+                decode_batch_blocks,
+                BLOCK_N=block_n,
+                KEY_TILE=triton.next_power_of_2(block_n),
+                NUM_SPLITS=FA3_SPLITS,
+                **shape,
+            )
+            return
+        _tree_rows_attention[grid](
+            *common, scale, splits, KEY_TILE=self.key_tile, DIRECT=direct, **shape
         )
 
 

@@ -12,7 +12,14 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from vllm_dominotree.kernels import domino_step, kv_move, path_build, tree_attention, tree_pop
+from vllm_dominotree.kernels import (
+    domino_step,
+    kv_move,
+    path_build,
+    tree_attention,
+    tree_attention_fa3,
+    tree_pop,
+)
 
 H200 = GPUTarget("cuda", 90, 32)
 H200_SHARED = 227 * 1024  # shared memory a block may take (a launch past it fails)
@@ -95,6 +102,32 @@ def test_the_tree_fixup_compiles(variant, dtype, heads, kv_heads, head_dim):
     )
     warps = 8 if rows * constexprs["GROUP_PAD"] * head_dim >= 128 * 128 else 4
     assert compiled(kernel, types, constexprs, num_warps=warps).asm["cubin"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128)])
+def test_the_fa3_rounded_fixup_compiles_within_shared_memory(dtype, heads, kv_heads, head_dim):
+    types = dict(Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", Out=f"*{dtype}")
+    types.update(BlockTable="*i32", QueryStart="*i32", SeqLens="*i32", Counters="*i32")
+    types.update(Ancestors="*i64", NeedsFix="*i64", scale_log2="fp32")
+    types.update(PartAcc="*fp32", PartMax="*fp32", PartSum="*fp32")
+    group = heads // kv_heads
+    block_n = tree_attention_fa3.fa3_block_n(head_dim)
+    constexprs = dict(
+        GROUP=group,
+        GROUP_PAD=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim,
+        PAGE=16,
+        ROWS=triton.next_power_of_2(17),
+        BLOCK_N=block_n,
+        KEY_TILE=triton.next_power_of_2(block_n),
+        NUM_SPLITS=tree_attention_fa3.FA3_SPLITS,
+    )
+    warps = 8 if constexprs["ROWS"] * constexprs["GROUP_PAD"] * head_dim >= 128 * 128 else 4
+    kernel = compiled(
+        tree_attention_fa3.tree_rows_attention_fa3, types, constexprs, num_warps=warps
+    )
+    assert kernel.asm["cubin"] and kernel.metadata.shared <= H200_SHARED
 
 
 def test_the_kv_move_compiles():

@@ -21,17 +21,20 @@ def random_case(
     page=16,
     max_context=1100,
     max_rows=17,
+    contexts: list[int] | None = None,
 ):
-    """Per request a committed prefix of random length and a random tree of up to
-    max_rows rows right after it (the first request is a plain decode row); the
-    requests' pages are scattered over the cache. Returns the kernel's arguments."""
+    """Per request a committed prefix of random length (or of the lengths `contexts`)
+    and a random tree of up to max_rows rows right after it (the first request is a
+    plain decode row); the requests' pages are scattered over the cache. Returns the
+    kernel's arguments."""
     gen = torch.Generator().manual_seed(seed)
 
     def ints(high, low=0):
         return int(torch.randint(low, high, (1,), generator=gen))
 
     rows = [1] + [ints(max_rows + 1, 1) for _ in range(requests - 1)]
-    seq_lens = [ints(max_context) + n for n in rows]
+    contexts = contexts or [ints(max_context) for _ in rows]
+    seq_lens = [c + n for c, n in zip(contexts, rows, strict=True)]
     max_blocks = max((s + page - 1) // page for s in seq_lens)
     num_blocks = requests * max_blocks + 3
     perm = torch.randperm(num_blocks, generator=gen)[: requests * max_blocks]
@@ -70,12 +73,12 @@ def max_error(
     dtype: torch.dtype,
     seed: int,
     capacity_rows: int = 4096,
-    like_triton: bool = False,
+    rounds_as: str = "fast",
     **shape,
 ) -> tuple[float, float, int]:
     """(max |kernel - reference| on the rows that need a fix, max change on the other rows,
     number of fixed rows). capacity_rows below the batch's rows forces the one-split path;
-    like_triton, the one split with vLLM's Triton key tiles.
+    rounds_as: the kernel's rounding (TreeAttention).
     The kernel runs twice, as a graph replays it: the splits' counters must be back at
     zero after each launch and the second launch must give the first's rows."""
     args = random_case(device, dtype, seed, **shape)
@@ -89,7 +92,7 @@ def max_error(
         shape.get("max_rows", 17),
         query.device,
         capacity_rows=capacity_rows,
-        like_triton=like_triton,
+        rounds_as=rounds_as,
     )
     kernel(*args, scale, got)
     assert not kernel.counters.any(), "a launch left split counters behind"
@@ -201,3 +204,51 @@ def paths_output(
         every_row=every_row,
     )
     return out
+
+
+def decode_batch_blocks(args, block_n: int) -> int:
+    """FA3's key blocks for decoding a random_case batch's fixed rows, each as its own
+    one-token request over its path (paths_output with each_row): what its scheduler
+    sizes that pass's splits by."""
+    query_start, seq_lens, ancestors, needs_fix = args[4], args[5], args[6], args[7]
+    total = 0
+    for r in range(seq_lens.numel()):
+        first, end = int(query_start[r]), int(query_start[r + 1])
+        start = int(seq_lens[r]) - (end - first)
+        for i in range(first, end):
+            if needs_fix[i]:
+                length = start + 1 + bin(int(ancestors[i])).count("1")
+                total += -(-length // block_n)
+    return total
+
+
+def fa3_rounding_agreement(device, dtype, seed, capacity_rows=4096, **shape) -> dict:
+    """The FA3-rounded fix-up (kernels/tree_attention_fa3.py) on a random_case batch:
+    its error against the dense reference, whether rows that need no fix were left alone,
+    and the share of the fixed rows' output elements that differ from FA3's decoding as
+    fa3_decoding_reference computes it in torch, and from that reference with blocks of
+    half the size (what a wrong block split looks like)."""
+    from vllm_dominotree.kernels.tree_attention_fa3 import fa3_block_n, fa3_decoding_reference
+
+    args = random_case(device, dtype, seed, **shape)
+    query, needs_fix = args[0], args[-1]
+    scale = query.shape[-1] ** -0.5
+    fixed = needs_fix.bool()
+    sentinel = torch.full_like(query, 7.0)
+    got, dense, emulated, halved = (sentinel.clone() for _ in range(4))
+    kernel = TreeAttention(
+        query.shape[1], query.shape[2], 17, query.device, capacity_rows, rounds_as="fa3"
+    )
+    kernel(*args, scale, got)
+    assert not kernel.counters.any(), "a launch left split counters behind"
+    tree_attention_reference(*args, scale, dense)
+    fa3_decoding_reference(*args, scale, emulated, num_sms=kernel.num_sms)
+    block_n = fa3_block_n(query.shape[2])
+    fa3_decoding_reference(*args, scale, halved, num_sms=kernel.num_sms, block_n=block_n // 2)
+    return {
+        "fixed": int(fixed.sum()),
+        "error": (got[fixed].float() - dense[fixed].float()).abs().max().item(),
+        "untouched": bool((got[~fixed] == 7.0).all()),
+        "differs": (got[fixed] != emulated[fixed]).float().mean().item(),
+        "differs_halved": (got[fixed] != halved[fixed]).float().mean().item(),
+    }

@@ -16,7 +16,9 @@ cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
 - fixup (the default elsewhere: float32 models, vLLM's Triton backend): the Triton tree
   kernel (kernels/tree_attention.py), which reads each request's prefix once; beside
   vLLM's Triton attention it takes that kernel's key tiles and softmax steps, unsplit,
-  so that its rows round as that kernel's (and decoding's) rows do.
+  so that its rows round as that kernel's (and decoding's) rows do; beside FA3 it takes
+  FA3's blocks, splits and softmax steps for each row's own path
+  (kernels/tree_attention_fa3.py).
 Both read only device buffers (the attention metadata and the published step,
 engine/tree_step.py), so a forward captured in a FULL CUDA graph replays them for every
 step (the runner marks graph capture, whose warm-ups compile and whose captures record
@@ -70,11 +72,11 @@ class TreeFixupMixin:
             )
         else:
             geometry = (self.num_heads, self.head_size, verification.rows_per_tree, query.device)
-            like_triton = isinstance(self, TritonAttentionImpl)
-            kernel = _KERNELS.get((*geometry, like_triton))
+            rounds_as = fixup_rounding(self)
+            kernel = _KERNELS.get((*geometry, rounds_as))
             if kernel is None:
-                kernel = TreeAttention(*geometry, like_triton=like_triton)
-                _KERNELS[(*geometry, like_triton)] = kernel
+                kernel = TreeAttention(*geometry, rounds_as=rounds_as)
+                _KERNELS[(*geometry, rounds_as)] = kernel
             kernel(query, key_cache, value_cache, *self.described(attn_metadata, buffers), rows)
         if verification.check:
             # One pass computed every row: check them all against the reference.
@@ -94,6 +96,21 @@ class TreeFixupMixin:
             buffers.token_needs_fix if needs_fix is None else needs_fix,
             self.scale,
         )
+
+
+def fixup_rounding(impl) -> str:
+    """How the fix-up's rows round (kernels/tree_attention.py): as the target's own
+    attention rounds decoding where the kernel knows how, vLLM's Triton backend
+    ("triton") or FA3 up to head dim 128 ("fa3"), else its own way ("fast")."""
+    if isinstance(impl, TritonAttentionImpl):
+        return "triton"
+    if (
+        isinstance(impl, FlashAttentionImpl)
+        and impl.vllm_flash_attn_version == 3
+        and impl.head_size <= 128
+    ):
+        return "fa3"
+    return "fast"
 
 
 def paths_alone(verification) -> bool:

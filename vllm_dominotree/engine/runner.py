@@ -83,7 +83,8 @@ class DominoTreeStats:
     graph_drafts: int = 0
     eager_drafts: int = 0
     # How the target's attention computed the tree rows (config.attention_mode):
-    # "paths" (FA3 over path requests), "fixup" (the Triton tree kernel) or "cpu".
+    # "one-pass" / "paths" (FA3 over path requests), "fixup" (the Triton tree kernel) or
+    # "cpu".
     tree_attention: str = ""
     # How the scorer computes a node's children (tree/scorers.py): "torch" (the compiled
     # torch step), "triton" (three launches per pop, not yet the default) or "table"
@@ -91,6 +92,8 @@ class DominoTreeStats:
     scorer_step: str = ""
     # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
     path_splits: str = ""
+    # "fixup": how its rows round (cuda_attention.fixup_rounding): "fa3", "triton", "fast".
+    fixup_rounding: str = ""
     # "one-pass": steps whose path requests held every row (no stock pass); the other
     # verification steps ran the stock pass and the fixed rows' paths.
     one_pass_steps: int = 0
@@ -254,6 +257,10 @@ class DominoTreeRunnerMixin:
         self._stats.scorer_step = self.drafter.scorer.step
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
+        elif self.device.type == "cuda":
+            from .cuda_attention import fixup_rounding
+
+            self._stats.fixup_rounding = fixup_rounding(target.impl)
         # Tensor parallelism: the ranks' trees agree.
         self._rank_check = make_rank_check(self.device)
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures

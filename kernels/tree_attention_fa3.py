@@ -1,0 +1,432 @@
+"""Ancestor-only attention for draft-tree rows that rounds as FlashAttention-3 decodes
+(Triton), graph-safe: the fix-up for targets on vLLM's FA3 backend.
+
+Why: a tree row must round as FA3 rounds the same row when it decodes that row's own
+path, or a small model's bf16 near-ties flip (the fast fix-up, tree_attention.py, left
+SmolLM2-135M's greedy output on 64 of 100 prompts). FA3 over one request per root-to-leaf
+path (engine/tree_paths.py) rounds right, but reads the request's prefix once per path:
+on the H200 at batch 16 its pass cost 93 us per layer beside the stock pass's 14. This
+kernel reads the prefix once per (request, KV head, key split), as the fix-up does, and
+takes for every row FA3's steps for that row's decoding:
+
+- Keys come in blocks of BLOCK_N positions counted from 0 (fa3_block_n). Decoding sees
+  the row's path at positions start .. start + depth (root first); in the cache the tree
+  sits at start + tree index, so each tree key is placed at start + its depth (a row
+  sees at most one key per depth: its ancestor's).
+- Splits: a row's blocks are cut into NUM_SPLITS splits of cdiv(blocks, NUM_SPLITS)
+  consecutive blocks, each taken from its last block to its first with FA3's online
+  softmax: S = QK^T in float32, unscaled; the running maximum over visible keys;
+  P = exp2(S * scale_log2 - max * scale_log2) (one FMA); the row sum from the float32 P;
+  P rounded to the input dtype before P @ V (float32 accumulation).
+- A split's result is O = acc * (1 / sum) and lse = max * scale_log2 * ln 2 + log(sum);
+  the splits merge as FA3's combine kernel merges them: lse_max, the sum of
+  exp(lse - lse_max), lse_sum = log(sum) + lse_max, out = sum_s exp(lse_s - lse_sum) O_s.
+
+What cannot be matched: FA3 picks its split count per step from the whole batch's work
+(its scheduler), so a decoding step whose split held several blocks rounds apart from
+this kernel's one block per split; the products' summation order inside a block (float32,
+about one ulp). benchmarks/tree_rounding_bench.py measures how often the rows differ
+from FA3's own decoding on the GPU.
+
+Layout and step description as tree_attention.py: key_cache / value_cache as [block,
+slot, kv head, head dim], the batch's query_start / seq_lens / block table, per-row
+ancestor bits (bit j - 1: tree row j >= 1 is an ancestor or the row itself) and needs_fix.
+One program per (request, KV head, split); the last of a (request, KV head)'s programs
+that held keys merges the splits, in the same launch (a counter it resets).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tree_attention import _merge_splits
+
+# vLLM's split bound under FULL graphs (attn_metadata.max_num_splits).
+FA3_SPLITS = 32
+LN2 = tl.constexpr(0.6931471805599453)  # a constexpr: the kernel reads it
+
+
+def fa3_block_n(head_dim: int) -> int:
+    """The key block FA3 (Hopper, 16-bit inputs, vLLM's 16-slot pages: no TMA for them)
+    takes when it decodes: head dim 128 keeps a causal kernel (128 keys), head dim 64
+    becomes non-causal with one MMA warpgroup (192 keys) (hopper/tile_size.h,
+    flash_api.cpp)."""
+    if head_dim <= 64:
+        return 192
+    if head_dim <= 128:
+        return 128
+    raise ValueError(f"FA3-rounded tree rows: head dim {head_dim} > 128 is not covered")
+
+
+@triton.jit
+def _load_keys(
+    Cache,
+    BlockTable,
+    req,
+    kv_head,
+    pos,
+    ok,
+    stride_bt,
+    stride_b,
+    stride_s,
+    stride_h,
+    dims,
+    PAGE: tl.constexpr,
+):
+    """[N, D] keys (or values) of positions `pos` of a request's paged cache."""
+    page = tl.load(BlockTable + req * stride_bt + pos // PAGE, mask=ok, other=0)
+    slot = pos % PAGE
+    return tl.load(
+        Cache
+        + page[:, None] * stride_b
+        + slot[:, None] * stride_s
+        + kv_head * stride_h
+        + dims[None, :],
+        mask=ok[:, None],
+        other=0.0,
+    )
+
+
+@triton.jit
+def _batch_blocks(QueryStart, SeqLens, BLOCK_N: tl.constexpr):
+    """Key blocks of the step's requests decoding one row each (their roots)."""
+    total = 0
+    chunk = tl.arange(0, 128)
+    for first in range(0, tl.num_programs(0), 128):
+        r = first + chunk
+        ok = r < tl.num_programs(0)
+        rows = tl.load(QueryStart + r + 1, mask=ok, other=0) - tl.load(
+            QueryStart + r, mask=ok, other=0
+        )
+        root = tl.load(SeqLens + r, mask=ok, other=0) - rows
+        total += tl.sum(tl.where(ok, tl.cdiv(root + 1, BLOCK_N), 0), axis=0)
+    return total
+
+
+@triton.jit
+def tree_rows_attention_fa3(
+    Q,
+    K,
+    V,
+    BlockTable,
+    QueryStart,
+    SeqLens,
+    Ancestors,
+    NeedsFix,
+    PartAcc,
+    PartMax,
+    PartSum,
+    Counters,
+    Out,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    stride_ps,
+    stride_pt,
+    stride_ph,
+    stride_ms,
+    stride_mt,
+    scale_log2,
+    splits_per_program,
+    num_sms,
+    batch_blocks,  # the decoding step's key blocks FA3 would schedule; 0: the requests'
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KEY_TILE: tl.constexpr,  # BLOCK_N rounded up to a power of two
+    NUM_SPLITS: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    program = tl.program_id(2)
+    first_row = tl.load(QueryStart + req)
+    num_rows = tl.load(QueryStart + req + 1) - first_row
+    # Query tile: (row, head in group) pairs, M = ROWS * GROUP_PAD.
+    m_idx = tl.arange(0, ROWS * GROUP_PAD)
+    row = m_idx // GROUP_PAD
+    group_head = m_idx % GROUP_PAD
+    row_ok = row < num_rows
+    fix = row_ok & (tl.load(NeedsFix + first_row + row, mask=row_ok, other=0) != 0)
+    if tl.max(fix.to(tl.int32), axis=0) == 0:
+        return
+    start = tl.load(SeqLens + req) - num_rows  # the root's position
+    bits = tl.load(Ancestors + first_row + row, mask=row_ok, other=0)  # [M]
+    # The tree's keys: tree index t sits in the cache at start + t, and decoding puts it
+    # at start + its depth (the number of its ancestor bits, itself included).
+    t = tl.arange(0, ROWS)
+    t_ok = t < num_rows
+    t_bits = tl.load(Ancestors + first_row + t, mask=t_ok, other=0)  # [ROWS]
+    depth = tl.sum((t_bits[:, None] >> t[None, :].to(tl.int64)) & 1, axis=1)  # [ROWS]
+    t_pos = start + depth
+    shift = tl.maximum(t - 1, 0).to(tl.int64)
+    t_seen = t_ok[None, :] & ((t == 0)[None, :] | (((bits[:, None] >> shift[None, :]) & 1) != 0))
+    # Each row decodes start + depth + 1 keys: its blocks, cut into splits as FA3's
+    # scheduler cuts a decoding step's (flash_prepare_scheduler.cu): a split count per
+    # request from the whole batch's blocks, taken here as one decoding row per request.
+    row_depth = tl.sum(tl.where(row[:, None] == t[None, :], depth[None, :], 0), axis=1)  # [M]
+    blocks = tl.cdiv(start + row_depth + 1, BLOCK_N)
+    if batch_blocks == 0:
+        batch_blocks = _batch_blocks(QueryStart, SeqLens, BLOCK_N)
+    per_sm = tl.math.ceil(batch_blocks.to(tl.float32) * 1.1 * tl.num_programs(1) / num_sms).to(
+        tl.int32
+    )
+    splits = tl.maximum(tl.minimum(tl.cdiv(blocks, per_sm), NUM_SPLITS), 1)
+    per_split = tl.cdiv(blocks, splits)
+    used = tl.max(tl.where(fix, tl.cdiv(blocks, per_split), 0), axis=0)  # FA3 splits
+    first_split = program * splits_per_program
+    if first_split >= used:  # none of this program's splits holds keys: not counted
+        return
+    programs_used = tl.cdiv(used, splits_per_program)
+    head = kv_head * GROUP + group_head
+    m_ok = fix & (group_head < GROUP)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        Q + (first_row + row)[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=m_ok[:, None],
+        other=0.0,
+    )
+    k_tree = _load_keys(
+        K,
+        BlockTable,
+        req,
+        kv_head,
+        start + t,
+        t_ok,
+        stride_bt,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        dims,
+        PAGE,
+    )
+    v_tree = _load_keys(
+        V,
+        BlockTable,
+        req,
+        kv_head,
+        start + t,
+        t_ok,
+        stride_bt,
+        stride_vb,
+        stride_vs,
+        stride_vh,
+        dims,
+        PAGE,
+    )
+    s_tree = tl.dot(q, tl.trans(k_tree))  # [M, ROWS], unscaled
+    offsets = tl.arange(0, KEY_TILE)
+    # This program's FA3 splits, merged as they finish: (merged_acc / merged_sum) at
+    # log-scale merged_max, the convention of the fix-up's partial results.
+    merged_max = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
+    merged_sum = tl.zeros([ROWS * GROUP_PAD], tl.float32)
+    merged_acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
+    for split in range(first_split, tl.minimum(first_split + splits_per_program, used)):
+        lo = split * per_split  # [M]: each row's blocks of this split
+        hi = tl.minimum(lo + per_split, blocks)
+        lo_all = tl.min(tl.where(fix & (lo < hi), lo, 1 << 30), axis=0)
+        hi_all = tl.max(tl.where(fix, hi, 0), axis=0)
+        row_max = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
+        row_sum = tl.zeros([ROWS * GROUP_PAD], tl.float32)
+        acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
+        for i in range(0, hi_all - lo_all):
+            b = hi_all - 1 - i  # a split's blocks from its last to its first, as FA3
+            in_split = (b >= lo) & (b < hi)  # [M]
+            pos = b * BLOCK_N + offsets
+            key_ok = (offsets < BLOCK_N) & (pos < start)  # the block's prefix keys
+            k = _load_keys(
+                K,
+                BlockTable,
+                req,
+                kv_head,
+                pos,
+                key_ok,
+                stride_bt,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                dims,
+                PAGE,
+            )
+            v = _load_keys(
+                V,
+                BlockTable,
+                req,
+                kv_head,
+                pos,
+                key_ok,
+                stride_bt,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+                dims,
+                PAGE,
+            )
+            scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
+            tree_here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
+            tree_scores = tl.where(
+                in_split[:, None] & t_seen & tree_here[None, :], s_tree, float("-inf")
+            )
+            new_max = tl.maximum(row_max, tl.maximum(tl.max(scores, 1), tl.max(tree_scores, 1)))
+            current = tl.where(new_max == float("-inf"), 0.0, new_max)
+            rescale = tl.math.exp2((row_max - current) * scale_log2)
+            max_scaled = current * scale_log2
+            p = tl.math.exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]))
+            p_tree = tl.math.exp2(tl.fma(tree_scores, scale_log2, -max_scaled[:, None]))
+            row_sum = row_sum * rescale + tl.sum(p, 1) + tl.sum(p_tree, 1)
+            acc = acc * rescale[:, None]
+            acc += tl.dot(p.to(v.dtype), v)
+            acc += tl.dot(p_tree.to(v.dtype), v_tree)
+            row_max = new_max
+        # The split's result as FA3 finalizes it; a row without keys here: lse -inf.
+        empty = (row_sum == 0.0) | (row_sum != row_sum)
+        split_out = acc * tl.where(empty, 0.0, 1.0 / row_sum)[:, None]
+        lse = tl.where(empty, float("-inf"), row_max * scale_log2 * LN2 + tl.log(row_sum))
+        new_merged = tl.maximum(merged_max, lse)
+        anchor = tl.where(new_merged == float("-inf"), 0.0, new_merged)
+        old_weight = tl.exp(merged_max - anchor)
+        weight = tl.exp(lse - anchor)
+        merged_sum = merged_sum * old_weight + weight
+        merged_acc = merged_acc * old_weight[:, None] + weight[:, None] * split_out
+        merged_max = new_merged
+    if programs_used == 1:  # the only program: normalize and write the rows' output
+        out = merged_acc / tl.where(merged_sum == 0.0, 1.0, merged_sum)[:, None]
+        tl.store(
+            Out
+            + (first_row + row)[:, None] * stride_ot
+            + head[:, None] * stride_oh
+            + dims[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=m_ok[:, None],
+        )
+    else:
+        rows_at = first_row + row
+        tl.store(
+            PartAcc
+            + program * stride_ps
+            + rows_at[:, None] * stride_pt
+            + head[:, None] * stride_ph
+            + dims[None, :],
+            merged_acc,
+            mask=m_ok[:, None],
+        )
+        tl.store(
+            PartMax + program * stride_ms + rows_at * stride_mt + head,
+            tl.where(merged_max == float("-inf"), 0.0, merged_max),
+            mask=m_ok,
+        )
+        tl.store(PartSum + program * stride_ms + rows_at * stride_mt + head, merged_sum, mask=m_ok)
+        # Every thread's stores are issued before the counter's release; the program
+        # that counts last acquires them all and merges the programs' results.
+        tl.debug_barrier()
+        counter = Counters + req * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == programs_used - 1:
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # for the next launch
+            _merge_splits(
+                PartAcc,
+                PartMax,
+                PartSum,
+                Out,
+                rows_at,
+                head,
+                m_ok,
+                programs_used,
+                stride_ps,
+                stride_pt,
+                stride_ph,
+                stride_ms,
+                stride_mt,
+                stride_ot,
+                stride_oh,
+                HEAD_DIM,
+            )
+
+
+def fa3_decoding_reference(
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    query_start,
+    seq_lens,
+    ancestors,
+    needs_fix,
+    scale: float,
+    out,
+    num_sms: int = 132,
+    block_n: int | None = None,
+    batch_blocks: int = 0,
+) -> None:
+    """Each fixed row as FA3 decodes its own path, step by step in torch (the FA3
+    kernel's oracle for its rounding; on the GPU, benchmarks/tree_rounding_bench.py
+    holds it against FA3 itself): the path's keys at their decoding positions, blocks of
+    block_n (fa3_block_n), FA3's split count, each split from its last block to its
+    first, P rounded to the input dtype before P @ V, the splits combined. batch_blocks:
+    as the kernel's (0: one decoding row per request)."""
+    import torch
+
+    kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    group = query.shape[1] // kv_heads
+    page = key_cache.shape[1]
+    block_n = block_n or fa3_block_n(head_dim)
+    scale_log2 = torch.tensor(scale * 1.4426950408889634, dtype=torch.float32)
+    rows = query_start[1:] - query_start[:-1]
+    roots = (seq_lens - rows).long()
+    total = batch_blocks or int(((roots + block_n) // block_n).sum())
+    total = torch.tensor(total, dtype=torch.float32)
+    per_sm = int(torch.ceil(total * 1.1 * kv_heads / num_sms))
+    for r in range(seq_lens.numel()):
+        first, n, start = int(query_start[r]), int(rows[r]), int(roots[r])
+        pages = block_table[r, : (int(seq_lens[r]) + page - 1) // page].long()
+        k_all = key_cache[pages].flatten(0, 1)
+        v_all = value_cache[pages].flatten(0, 1)
+        for i in range(n):
+            if not needs_fix[first + i]:
+                continue
+            bits = int(ancestors[first + i])
+            path = [0] + [t for t in range(1, n) if bits >> (t - 1) & 1]
+            keys = torch.cat([torch.arange(start), start + torch.tensor(path)])
+            k = k_all[keys].repeat_interleave(group, dim=1)  # [L, H, D]
+            v = v_all[keys].repeat_interleave(group, dim=1)
+            scores = torch.einsum("hd,lhd->hl", query[first + i].float(), k.float())
+            length = keys.numel()
+            blocks = -(-length // block_n)
+            splits = max(min(-(-blocks // per_sm), FA3_SPLITS), 1)
+            per_split = -(-blocks // splits)
+            results = []
+            for lo in range(0, blocks, per_split):
+                row_max = torch.full((query.shape[1],), float("-inf"))
+                row_sum = torch.zeros(query.shape[1])
+                acc = torch.zeros(query.shape[1], head_dim)
+                for b in reversed(range(lo, min(lo + per_split, blocks))):
+                    keys_b = slice(b * block_n, min((b + 1) * block_n, length))
+                    s = scores[:, keys_b]
+                    new_max = torch.maximum(row_max, s.max(1).values)
+                    current = torch.where(new_max == float("-inf"), 0.0, new_max)
+                    rescale = torch.exp2((row_max - current) * scale_log2)
+                    p = torch.exp2(s * scale_log2 - (current * scale_log2)[:, None])
+                    row_sum = row_sum * rescale + p.sum(1)
+                    pv = torch.einsum("hl,lhd->hd", p.to(v.dtype).float(), v[keys_b].float())
+                    acc = acc * rescale[:, None] + pv
+                    row_max = new_max
+                lse = row_max * scale_log2 * LN2.value + torch.log(row_sum)
+                results.append((acc / row_sum[:, None], lse))
+            if len(results) == 1:
+                row_out = results[0][0]
+            else:
+                lse = torch.stack([x[1] for x in results])  # [S, H]
+                lse_sum = torch.log(torch.exp(lse - lse.max(0).values).sum(0)) + lse.max(0).values
+                row_out = sum(torch.exp(x[1] - lse_sum)[:, None] * x[0] for x in results)
+            out[first + i] = row_out.to(out.dtype)
