@@ -6,14 +6,20 @@ The bf16 divergence test (tests/gpu/test_bf16_divergence.py) found DominoTree's 
 output leaving the target's own far more often than vLLM's DFlash. This measures the
 suspected cause in isolation: random trees after random contexts in a paged cache
 (tests' shapes: Qwen3-4B's and SmolLM2-135M's attention), and every row that a branching
-tree's causal pass gets wrong computed four ways:
+tree's causal pass gets wrong computed these ways:
 - decode: FA3 with the row as a one-token request whose keys are its own prefix,
   ancestors and itself (pages of one slot): what decoding that path without speculation
-  computes, up to FA3's split heuristics;
+  computes, up to FA3's split count (which its scheduler takes from the whole batch);
 - paths: FA3 over the step's path requests (engine/tree_paths.py,
-  DOMINOTREE_CUDA_TREE_ATTENTION=paths);
-- fixup: the Triton tree kernel (kernels/tree_attention.py, the default);
+  DOMINOTREE_CUDA_TREE_ATTENTION=paths); one_pass: the same with every row;
+- fixup: the Triton tree kernel in its fast rounding (kernels/tree_attention.py);
+- fixup_fa3: the Triton tree kernel in FA3's steps (kernels/tree_attention_fa3.py, the
+  fix-up beside FA3), told decode's batch of blocks;
+- fa3_reference: those steps in torch (tree_attention_fa3.fa3_decoding_reference): how
+  far the model of FA3's steps itself is from FA3;
 - exact: the dense float32 reference.
+FA3 is called with vLLM's split bound under FULL graphs (SPLITS_UNDER_GRAPHS), as the
+engine's graphs call it (before 2026-12-03e: FA3's own count).
 Reported per shape, context and batch: the share of output elements that differ from
 decode's, bit for bit, the mean / max absolute error against exact, and the GPU time of
 the step's passes per layer (CUDA events, median of repeated launches): the stock FA3 pass
@@ -37,9 +43,15 @@ import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
+from vllm_dominotree.kernels.tree_attention_fa3 import fa3_block_n, fa3_decoding_reference
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from tree_attention_check import path_tables, paths_output, random_case  # the tests' cases
+from tree_attention_check import (  # the tests' cases
+    decode_batch_blocks,
+    path_tables,
+    paths_output,
+    random_case,
+)
 
 SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # heads, KV heads, head dim
 ROWS = 17  # budget 16 + the root
@@ -86,14 +98,23 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
     fixed = needs_fix.bool()
     tables = path_tables(args, each_row=False)
     every = path_tables(args, each_row=False, every_row=True)  # one pass: all rows
+    splits = SPLITS_UNDER_GRAPHS
     outputs = {
-        "decode": paths_output(args, each_row=True, max_rows=ROWS),
-        "paths": paths_output(args, each_row=False, max_rows=ROWS, tables=tables),
-        "one_pass": paths_output(args, False, ROWS, every, every_row=True),
+        "decode": paths_output(args, True, ROWS, num_splits=splits),
+        "paths": paths_output(args, False, ROWS, tables, num_splits=splits),
+        "one_pass": paths_output(args, False, ROWS, every, num_splits=splits, every_row=True),
         "fixup": torch.full_like(query, 7.0),
+        "fixup_fa3": torch.full_like(query, 7.0),
+        "fa3_reference": torch.full_like(query, 7.0),
     }
     fixup = TreeAttention(heads, head_dim, ROWS, "cuda")
     fixup(*args, scale, outputs["fixup"])
+    fixup_fa3 = TreeAttention(heads, head_dim, ROWS, "cuda", rounds_as="fa3")
+    blocks = decode_batch_blocks(args, fa3_block_n(head_dim))  # decode's step, as FA3 sees it
+    fixup_fa3(*args, scale, outputs["fixup_fa3"], blocks)
+    fa3_decoding_reference(
+        *args, scale, outputs["fa3_reference"], fixup_fa3.num_sms, batch_blocks=blocks
+    )
     query, key_cache, value_cache, block_table, query_start, seq_lens = args[:6]
     stock_out = torch.empty_like(query)
     longest = int(seq_lens.max())
@@ -125,6 +146,7 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
         "stock_ms": gpu_ms(stock),
         "stock_graph_splits_ms": gpu_ms(lambda: stock(SPLITS_UNDER_GRAPHS)),
         "fixup_ms": gpu_ms(lambda: fixup(*args, scale, outputs["fixup"])),
+        "fixup_fa3_ms": gpu_ms(lambda: fixup_fa3(*args, scale, outputs["fixup_fa3"])),
         "paths_ms": paths(longest, 0),
         "paths_graph_splits_ms": paths(longest, SPLITS_UNDER_GRAPHS),
         "paths_one_split_ms": paths(longest, 1),
@@ -157,6 +179,7 @@ TIMINGS = (
     "stock_ms",
     "stock_graph_splits_ms",
     "fixup_ms",
+    "fixup_fa3_ms",
     "paths_ms",
     "paths_graph_splits_ms",
     "paths_one_split_ms",
@@ -175,7 +198,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = [(s, c, r) for s in SHAPES for c in args.contexts for r in args.requests]
     results = [measure(s, c, seed, r) for seed, (s, c, r) in enumerate(cases)]
-    methods = ("decode", "paths", "one_pass", "fixup")
+    methods = ("decode", "paths", "one_pass", "fixup", "fixup_fa3", "fa3_reference")
     rows = [
         [
             r["shape"],
@@ -202,13 +225,18 @@ def main() -> None:
                 "paths != decode",
                 "one pass != decode",
                 "fixup != decode",
+                "fixup, FA3's steps != decode",
+                "FA3's steps in torch != decode",
                 "decode mean |err|",
                 "paths mean |err|",
                 "one pass mean |err|",
                 "fixup mean |err|",
+                "fixup, FA3's steps mean |err|",
+                "FA3's steps in torch mean |err|",
                 "stock FA3 ms",
                 f"stock, {SPLITS_UNDER_GRAPHS} splits",
                 "fix-up ms",
+                "fix-up, FA3's steps ms",
                 "paths ms (incl. its query gather and copy)",
                 f"paths, {SPLITS_UNDER_GRAPHS} splits",
                 "paths, one split",
@@ -224,7 +252,8 @@ def main() -> None:
                 f"`{command_line()}`: per case that many requests (the first a plain decode "
                 f"row), random trees of up to {ROWS} rows after random contexts; over the "
                 "rows a causal pass gets wrong, the share of output elements that differ "
-                "from FA3's one-token decoding of the row's own path, the mean absolute "
+                "from FA3's one-token decoding of the row's own path (all FA3 calls with "
+                f"{SPLITS_UNDER_GRAPHS} splits, as under FULL graphs), the mean absolute "
                 "error against the float32 reference, and GPU ms per layer's pass "
                 "(one pass: in place of the stock pass and the paths).",
             ],

@@ -13,26 +13,35 @@ takes for every row FA3's steps for that row's decoding:
   the row's path at positions start .. start + depth (root first); in the cache the tree
   sits at start + tree index, so each tree key is placed at start + its depth (a row
   sees at most one key per depth: its ancestor's).
-- Splits: a row's blocks are cut into NUM_SPLITS splits of cdiv(blocks, NUM_SPLITS)
-  consecutive blocks, each taken from its last block to its first with FA3's online
+- Splits: FA3's scheduler gives each request of a decoding step a split count from the
+  whole step's key blocks (clamp(cdiv(blocks, cdiv(1.1 x step blocks x KV heads /
+  SMs)), 1, 32), 32 being vLLM's bound under FULL graphs); a split holds cdiv(blocks,
+  splits) consecutive blocks, taken from its last to its first with FA3's online
   softmax: S = QK^T in float32, unscaled; the running maximum over visible keys;
-  P = exp2(S * scale_log2 - max * scale_log2) (one FMA); the row sum from the float32 P;
-  P rounded to the input dtype before P @ V (float32 accumulation).
+  P = exp2(S * scale_log2 - max * scale_log2) (one FMA); the row sum from the float32
+  P; P rounded to the input dtype before P @ V (float32 accumulation). The step taken
+  is one decoding row per request of this step (or the blocks a caller names).
 - A split's result is O = acc * (1 / sum) and lse = max * scale_log2 * ln 2 + log(sum);
   the splits merge as FA3's combine kernel merges them: lse_max, the sum of
   exp(lse - lse_max), lse_sum = log(sum) + lse_max, out = sum_s exp(lse_s - lse_sum) O_s.
 
-What cannot be matched: FA3 picks its split count per step from the whole batch's work
-(its scheduler), so a decoding step whose split held several blocks rounds apart from
-this kernel's one block per split; the products' summation order inside a block (float32,
-about one ulp). benchmarks/tree_rounding_bench.py measures how often the rows differ
-from FA3's own decoding on the GPU.
+The facts are from FA3's Hopper code as vLLM builds it (vllm-project/flash-attention,
+hopper/: tile_size.h, flash_api.cpp, flash_prepare_scheduler.cu, block.h, softmax.h,
+mainloop_fwd_sm90_tma_gmma_ws.hpp, flash_fwd_combine_kernel.h; --use_fast_math). What
+cannot be matched: the decoding step FA3 scheduled (the target alone decodes beside
+other requests at other positions: this kernel takes this step's requests, one row each);
+the order of float32 sums (row sums, the products inside a block, the merge), about an
+ulp. benchmarks/tree_rounding_bench.py measures how often the rows differ from FA3's own
+decoding on the GPU; tests/test_tree_attention_kernel.py holds the kernel to
+fa3_decoding_reference below.
 
 Layout and step description as tree_attention.py: key_cache / value_cache as [block,
 slot, kv head, head dim], the batch's query_start / seq_lens / block table, per-row
 ancestor bits (bit j - 1: tree row j >= 1 is an ancestor or the row itself) and needs_fix.
-One program per (request, KV head, split); the last of a (request, KV head)'s programs
-that held keys merges the splits, in the same launch (a counter it resets).
+Programs: one per (request, KV head, program split), each taking a run of FA3's splits
+and merging their results as it goes (where FA3 merges all splits at once: float32 sums
+in another order); the programs' results merge as the fix-up's do
+(tree_attention._merge_splits), by the last program to finish, in the same launch.
 """
 
 from __future__ import annotations
@@ -48,11 +57,14 @@ LN2 = tl.constexpr(0.6931471805599453)  # a constexpr: the kernel reads it
 
 
 def fa3_block_n(head_dim: int) -> int:
-    """The key block FA3 (Hopper, 16-bit inputs, vLLM's 16-slot pages: no TMA for them)
-    takes when it decodes: head dim 128 keeps a causal kernel (128 keys), head dim 64
-    becomes non-causal with one MMA warpgroup (192 keys) (hopper/tile_size.h,
-    flash_api.cpp)."""
-    if head_dim <= 64:
+    """The key block FA3 (Hopper, 16-bit inputs) takes when it decodes with vLLM's
+    16-slot pages (too small for TMA: hopper/flash_api.cpp): up to head dim 64 the
+    kernel is non-causal, 192 keys with one MMA warpgroup at exactly 64 and 160 below
+    (the one-warpgroup heuristic asks for head dim 64 or 128); above 64 it stays causal
+    with paged keys, 128 keys (hopper/tile_size.h, heuristics.h)."""
+    if head_dim < 64:
+        return 160
+    if head_dim == 64:
         return 192
     if head_dim <= 128:
         return 128

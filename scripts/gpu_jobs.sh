@@ -5,7 +5,7 @@
 # Jobs:
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
 #                     kernel, builder and engine tests, 12 jobs) and `suite bf16` (the bf16
-#                     test's baselines and its 10 variants, which await them) -> $OUT/suite_PART.log
+#                     test's baselines and its 12 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -157,7 +157,8 @@ $e::test_paths_attention_refused_without_fa3"
         rm -rf "${DOMINOTREE_BF16_BASELINES:-/tmp/bf16_baselines}"
         jobs=("tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]")
         for pair in toy smollm2; do
-          for variant in chain marginal conditional paths-conditional triton-conditional; do
+          for variant in chain marginal conditional paths-conditional fixup-conditional \
+            triton-conditional; do
             jobs+=("bf16-variant $pair-$variant")
           done
         done ;;

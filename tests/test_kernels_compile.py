@@ -105,7 +105,7 @@ def test_the_tree_fixup_compiles(variant, dtype, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128)])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128), (2, 1, 32)])
 def test_the_fa3_rounded_fixup_compiles_within_shared_memory(dtype, heads, kv_heads, head_dim):
     types = dict(Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", Out=f"*{dtype}")
     types.update(BlockTable="*i32", QueryStart="*i32", SeqLens="*i32", Counters="*i32")

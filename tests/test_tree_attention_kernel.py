@@ -25,7 +25,7 @@ print("ok")
 """
 
 # The FA3-rounded fix-up in float16 (the interpreter has no bfloat16 products): head dim
-# 64 (192-key blocks) and 128 (128-key blocks); short contexts (one block, one split),
+# 64 (192-key blocks), 128 (128-key blocks) and 32 (160); short contexts (one block, one split),
 # longer ones (a split per block), 6000 keys (FA3's scheduler puts several blocks in a
 # split); programs merged in the launch (capacity 4096) or one program (capacity 8).
 FA3 = """
@@ -37,6 +37,7 @@ cases += [(3, 6000, 4096, 128, 8, 2), (4, 6000, 8, 128, 8, 2)]
 # Trees whose roots sit a few keys before a block's end: where a tree key's depth and
 # its index in the tree fall into different blocks.
 cases += [(5, (189, 380, 125, 185), 4096, 64, 6, 2), (6, (125, 250, 380, 509), 8, 128, 8, 2)]
+cases += [(7, (157, 315, 150, 470), 4096, 32, 2, 1)]  # the toy pair's heads: 160-key blocks
 for seed, context, capacity, head_dim, heads, kv_heads in cases:
     fixed_contexts = context if isinstance(context, tuple) else None
     found = fa3_rounding_agreement(

@@ -22,26 +22,30 @@ SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}
 FLOAT32_TOLERANCE = 5e-3
 
 
+# key splits + merge / one split / one split in vLLM's Triton tiles / FA3's steps, its
+# programs merged in the launch or one program
+ROUNDINGS = [(4096, "fast"), (8, "fast"), (4096, "triton"), (4096, "fa3"), (8, "fa3")]
+
+
 @pytest.mark.parametrize("seed", range(4))
-# key splits + merge / one split / one split in vLLM's Triton tiles
-@pytest.mark.parametrize("capacity, like_triton", [(4096, False), (8, False), (4096, True)])
+@pytest.mark.parametrize("capacity, rounds_as", ROUNDINGS)
 @pytest.mark.parametrize(
     "dtype, tolerance", [(torch.float32, FLOAT32_TOLERANCE), (torch.bfloat16, 3e-2)]
 )
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_kernel_matches_dense_reference(seed, capacity, like_triton, dtype, tolerance, shape):
+def test_kernel_matches_dense_reference(seed, capacity, rounds_as, dtype, tolerance, shape):
     heads, kv_heads, head_dim = SHAPES[shape]
     error, other, fixed = max_error(
         "cuda",
         dtype,
         seed,
         capacity,
-        like_triton,
+        rounds_as,
         head_dim=head_dim,
         kv_heads=kv_heads,
         heads=heads,
     )
-    print(f"{shape} {dtype} capacity {capacity} {like_triton=} seed {seed}: error {error:.2e}")
+    print(f"{shape} {dtype} capacity {capacity} {rounds_as} seed {seed}: error {error:.2e}")
     assert fixed > 0
     assert error < tolerance
     assert other == 0
@@ -70,3 +74,41 @@ def test_one_kernel_over_successive_layers(shape):
         print(f"{shape} layer {layer}: max error {error:.2e} over {int(fixed.sum())} rows")
         assert error < FLOAT32_TOLERANCE, layer
     assert not kernel.counters.any()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("context", [300, 1100, 6000])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fa3_rounded_rows_equal_fa3s_decoding(seed, context, shape):
+    """The FA3-rounded fix-up (kernels/tree_attention_fa3.py) against FA3 itself decoding
+    each fixed row's own path as a one-token request (vLLM's split bound, the kernel told
+    that decoding step's blocks): bit for bit but for float32 sums taken in another
+    order, where the fast fix-up's rows differ on tens of percent of their elements."""
+    from tree_attention_check import decode_batch_blocks, paths_output
+
+    from vllm_dominotree.kernels.tree_attention_fa3 import FA3_SPLITS, fa3_block_n
+
+    heads, kv_heads, head_dim = SHAPES[shape]
+    args = random_case(
+        "cuda",
+        torch.bfloat16,
+        seed,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_context=context,
+    )
+    fixed = args[-1].bool()
+    assert fixed.any()
+    scale = head_dim**-0.5
+    decode = paths_output(args, each_row=True, num_splits=FA3_SPLITS)
+    shares = {}
+    for rounds_as in ("fa3", "fast"):
+        got = torch.full_like(args[0], 7.0)
+        kernel = TreeAttention(heads, head_dim, 17, torch.device("cuda"), rounds_as=rounds_as)
+        kernel(*args, scale, got, decode_batch_blocks(args, fa3_block_n(head_dim)))
+        assert (got[~fixed] == 7.0).all()
+        shares[rounds_as] = (got[fixed] != decode[fixed]).float().mean().item()
+    print(f"{shape} context {context} seed {seed}: elements differing from FA3's decoding", shares)
+    assert shares["fa3"] < 0.02
+    assert shares["fa3"] < shares["fast"] / 5
