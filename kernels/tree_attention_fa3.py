@@ -287,20 +287,26 @@ def tree_rows_attention_fa3(
             )
             scores = tl.dot(q, tl.trans(k))
             scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
+            # The tree's keys at their decoding positions: in the last block or two only.
             tree_here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
             tree_scores = tl.where(
                 in_split[:, None] & t_seen & tree_here[None, :], s_tree, float("-inf")
             )
-            new_max = tl.maximum(row_max, tl.maximum(tl.max(scores, 1), tl.max(tree_scores, 1)))
+            holds_tree = b * BLOCK_N + BLOCK_N > start
+            new_max = tl.maximum(row_max, tl.max(scores, 1))
+            if holds_tree:
+                new_max = tl.maximum(new_max, tl.max(tree_scores, 1))
             current = tl.where(new_max == float("-inf"), 0.0, new_max)
             rescale = tl.math.exp2((row_max - current) * scale_log2)
             max_scaled = current * scale_log2
             p = tl.math.exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]))
-            p_tree = tl.math.exp2(tl.fma(tree_scores, scale_log2, -max_scaled[:, None]))
-            row_sum = row_sum * rescale + tl.sum(p, 1) + tl.sum(p_tree, 1)
+            row_sum = row_sum * rescale + tl.sum(p, 1)
             acc = acc * rescale[:, None]
             acc += tl.dot(p.to(v.dtype), v)
-            acc += tl.dot(p_tree.to(v.dtype), v_tree)
+            if holds_tree:
+                p_tree = tl.math.exp2(tl.fma(tree_scores, scale_log2, -max_scaled[:, None]))
+                row_sum += tl.sum(p_tree, 1)
+                acc += tl.dot(p_tree.to(v.dtype), v_tree)
             row_max = new_max
         # The split's result as FA3 finalizes it; a row without keys here: lse -inf.
         empty = (row_sum == 0.0) | (row_sum != row_sum)
