@@ -102,7 +102,8 @@ def _load_keys(
 
 @triton.jit
 def _batch_blocks(QueryStart, SeqLens, BLOCK_N: tl.constexpr):
-    """Key blocks of the step's requests decoding one row each (their roots)."""
+    """Key blocks of the step's requests decoding one row each (their roots); a graph's
+    padding requests (no rows) have none, as FA3 counts a request of no keys."""
     total = 0
     chunk = tl.arange(0, 128)
     for first in range(0, tl.num_programs(0), 128):
@@ -112,7 +113,7 @@ def _batch_blocks(QueryStart, SeqLens, BLOCK_N: tl.constexpr):
             QueryStart + r, mask=ok, other=0
         )
         root = tl.load(SeqLens + r, mask=ok, other=0) - rows
-        total += tl.sum(tl.where(ok, tl.cdiv(root + 1, BLOCK_N), 0), axis=0)
+        total += tl.sum(tl.where(ok & (rows > 0), tl.cdiv(root + 1, BLOCK_N), 0), axis=0)
     return total
 
 
@@ -399,10 +400,11 @@ def fa3_decoding_reference(
     group = query.shape[1] // kv_heads
     page = key_cache.shape[1]
     block_n = block_n or fa3_block_n(head_dim)
-    scale_log2 = torch.tensor(scale * 1.4426950408889634, dtype=torch.float32)
+    device, heads = query.device, query.shape[1]
+    scale_log2 = torch.tensor(scale * 1.4426950408889634, dtype=torch.float32, device=device)
     rows = query_start[1:] - query_start[:-1]
     roots = (seq_lens - rows).long()
-    total = batch_blocks or int(((roots + block_n) // block_n).sum())
+    total = batch_blocks or int(((roots + block_n) // block_n)[rows > 0].sum())
     total = torch.tensor(total, dtype=torch.float32)
     per_sm = int(torch.ceil(total * 1.1 * kv_heads / num_sms))
     for r in range(seq_lens.numel()):
@@ -415,7 +417,7 @@ def fa3_decoding_reference(
                 continue
             bits = int(ancestors[first + i])
             path = [0] + [t for t in range(1, n) if bits >> (t - 1) & 1]
-            keys = torch.cat([torch.arange(start), start + torch.tensor(path)])
+            keys = torch.cat([torch.arange(start), start + torch.tensor(path)]).to(device)
             k = k_all[keys].repeat_interleave(group, dim=1)  # [L, H, D]
             v = v_all[keys].repeat_interleave(group, dim=1)
             scores = torch.einsum("hd,lhd->hl", query[first + i].float(), k.float())
@@ -425,9 +427,9 @@ def fa3_decoding_reference(
             per_split = -(-blocks // splits)
             results = []
             for lo in range(0, blocks, per_split):
-                row_max = torch.full((query.shape[1],), float("-inf"))
-                row_sum = torch.zeros(query.shape[1])
-                acc = torch.zeros(query.shape[1], head_dim)
+                row_max = torch.full((heads,), float("-inf"), device=device)
+                row_sum = torch.zeros(heads, device=device)
+                acc = torch.zeros(heads, head_dim, device=device)
                 for b in reversed(range(lo, min(lo + per_split, blocks))):
                     keys_b = slice(b * block_n, min((b + 1) * block_n, length))
                     s = scores[:, keys_b]
@@ -440,7 +442,7 @@ def fa3_decoding_reference(
                     acc = acc * rescale[:, None] + pv
                     row_max = new_max
                 lse = row_max * scale_log2 * LN2.value + torch.log(row_sum)
-                results.append((acc / row_sum[:, None], lse))
+                results.append((acc * (1.0 / row_sum)[:, None], lse))  # FA3: times 1 / sum
             if len(results) == 1:
                 row_out = results[0][0]
             else:
