@@ -4,8 +4,8 @@
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
-#                     kernel, builder and engine tests, 12 jobs) and `suite bf16` (the bf16
-#                     test's baselines and its 12 variants, which await them) -> $OUT/suite_PART.log
+#                     kernel, builder and engine tests, 13 jobs) and `suite bf16` (the bf16
+#                     test's baselines and its 14 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -141,6 +141,8 @@ case $job in
 tests/gpu/test_accept_graphs.py $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths]"
         "tests $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass] \
 $s::test_recomputed_rows_are_right_up_to_rounding[float32-fixup]"
+        "tests $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-fixup] \
+$s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass-fixup]"
         "tests $s::test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
 $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
@@ -158,7 +160,7 @@ $e::test_paths_attention_refused_without_fa3"
         jobs=("tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]")
         for pair in toy smollm2; do
           for variant in chain marginal conditional paths-conditional fixup-conditional \
-            triton-conditional; do
+            one-pass-fixup-conditional triton-conditional; do
             jobs+=("bf16-variant $pair-$variant")
           done
         done ;;

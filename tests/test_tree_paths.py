@@ -67,27 +67,24 @@ def test_one_pass_tables_give_every_rows_attention(seed):
         assert (attend_case(tables, case, every_row) - want).abs().max() < 1e-5
 
 
-def test_one_pass_skips_the_stock_pass_only_where_the_paths_hold_every_row(monkeypatch):
+def test_one_pass_skips_the_stock_pass_only_for_steps_of_trees_alone(monkeypatch):
     import vllm.forward_context
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
-    from vllm_dominotree.engine.cuda_attention import paths_alone
+    from vllm_dominotree.engine.cuda_attention import stock_pass_skipped
     from vllm_dominotree.engine.tree_step import TreeVerification
 
-    def verification(one_pass: bool) -> TreeVerification:
-        tables = PathTables(4, 4, 8, "cpu", one_pass=one_pass)
-        return TreeVerification(None, frozenset(), 17, paths=tables)
-
-    one, two = verification(True), verification(False)
-    assert not paths_alone(one)  # eager: no step built yet
-    one.paths.covers_every_row = two.paths.covers_every_row = True
-    assert paths_alone(one) and not paths_alone(two)
-    one.paths.covers_every_row = False  # a step with a request that is not a tree
-    assert not paths_alone(one)
+    one = TreeVerification(None, frozenset(), 17, one_pass=True)
+    two = TreeVerification(None, frozenset(), 17)
+    assert not stock_pass_skipped(one)  # eager: no step prepared yet
+    one.every_row = two.every_row = True
+    assert stock_pass_skipped(one) and not stock_pass_skipped(two)
+    one.every_row = False  # a step with a request that is not a tree
+    assert not stock_pass_skipped(one)
     # Capture: FULL graphs of uniform batches (replayed for all-tree steps only) record
-    # the paths alone; piecewise captures and FULL graphs of mixed batches (vLLM's pure
-    # FULL mode) keep the stock pass.
+    # no stock pass; piecewise captures and FULL graphs of mixed batches (vLLM's pure
+    # FULL mode) keep it.
     one.capturing = two.capturing = True
     for mode, uniform, alone in [
         (CUDAGraphMode.FULL, True, True),
@@ -97,7 +94,7 @@ def test_one_pass_skips_the_stock_pass_only_where_the_paths_hold_every_row(monke
         batch = BatchDescriptor(num_tokens=34, num_reqs=2, uniform=uniform)
         context = SimpleNamespace(cudagraph_runtime_mode=mode, batch_descriptor=batch)
         monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda c=context: c)
-        assert paths_alone(one) == alone and not paths_alone(two)
+        assert stock_pass_skipped(one) == alone and not stock_pass_skipped(two)
 
 
 @pytest.mark.parametrize("each_row", [False, True])
@@ -145,6 +142,8 @@ def test_the_attention_mode_is_checked(monkeypatch):
     assert attention_mode() == "paths"
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass")
     assert attention_mode() == "one-pass"
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass-fixup")
+    assert attention_mode() == "one-pass-fixup"
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "fa3")
     with pytest.raises(ValueError, match="DOMINOTREE_CUDA_TREE_ATTENTION='fa3'; use one of"):
         attention_mode()

@@ -24,7 +24,7 @@ class DominoTreeConfigError(ValueError):
     pass
 
 
-CUDA_TREE_ATTENTION_MODES = ("auto", "fixup", "paths", "one-pass")
+CUDA_TREE_ATTENTION_MODES = ("auto", "fixup", "paths", "one-pass", "one-pass-fixup")
 
 
 def attention_mode() -> str:
@@ -32,11 +32,13 @@ def attention_mode() -> str:
     DOMINOTREE_CUDA_TREE_ATTENTION: "one-pass" (a step whose requests are all trees runs
     FA3 once, over path requests that hold every row, in place of the stock pass; other
     steps run as "paths"), "paths" (the stock pass, then FA3 over path requests for the
-    rows it got wrong, engine/tree_paths.py), "fixup" (the Triton tree kernel: any
-    backend, its own rounding), or "auto" (default): one pass where the target runs FA3,
-    else fixup. Path requests round each row as decoding its own path would: in bfloat16
-    the fix-up's rounding left SmolLM2-135M's greedy output on 64 of 100 prompts where
-    vLLM's DFlash left it on 1-3 and the path requests on 0-4 (H200,
+    rows it got wrong, engine/tree_paths.py), "fixup" (the stock pass, then the Triton
+    tree kernel for those rows: any backend; beside FA3 in FA3's steps,
+    kernels/tree_attention_fa3.py), "one-pass-fixup" (as one-pass, every row of an
+    all-tree step by the fix-up's kernel), or "auto" (default): one pass where the
+    target runs FA3, else fixup. Path requests round each row as decoding its own path
+    would: in bfloat16 the fix-up's own rounding left SmolLM2-135M's greedy output on 64
+    of 100 prompts where vLLM's DFlash left it on 1-3 and the path requests on 0-4 (H200,
     benchmarks/results/h200_2026-12-02_bf16, h200_2026-12-03e). One pass over two: 0.62
     / 0.48 ms less verification per round at batch 1 / 16 (h200_2026-12-03e)."""
     mode = os.environ.get("DOMINOTREE_CUDA_TREE_ATTENTION", "auto")

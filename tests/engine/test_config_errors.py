@@ -109,7 +109,7 @@ def test_scheduling_is_vllms_choice_in_both_cuda_tree_attention_modes(pair_dirs,
 
     monkeypatch.setattr(engine_args.current_platform, "is_cpu", lambda: False)
     monkeypatch.setattr(engine_args.current_platform, "is_cuda", lambda: True)
-    for mode in ("auto", "fixup", "paths"):
+    for mode in ("auto", "fixup", "paths", "one-pass", "one-pass-fixup"):
         monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
         for asked in (True, False, None):
             prepared = args(async_scheduling=asked)

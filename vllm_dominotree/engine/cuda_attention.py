@@ -10,7 +10,7 @@ cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
   step's root-to-leaf path requests, which hold every row (engine/tree_paths.py), so
   that tree rows round exactly as decoding's rows do (in bf16 the fix-up's own rounding
   flips a small model's near-ties); other steps run as paths, and the runner keeps them
-  out of FULL graphs;
+  out of FULL graphs; one-pass-fixup: the same with the fix-up's kernel for every row;
 - paths: the stock pass, then FA3 once more over the path requests for the rows it got
   wrong;
 - fixup (the default elsewhere: float32 models, vLLM's Triton backend): the Triton tree
@@ -50,9 +50,10 @@ class TreeFixupMixin:
             and attn_metadata is not None
             and layer.layer_name in verification.layers
         )
-        # One pass: the path requests hold every row, and the stock pass is not run (the
-        # KV cache is already written: vLLM's do_kv_cache_update runs before attention).
-        one_pass = tree_layer and paths_alone(verification)
+        # One pass: the path requests or the fix-up compute every row, and the stock pass
+        # is not run (the KV cache is already written: vLLM's do_kv_cache_update runs
+        # before attention).
+        one_pass = tree_layer and stock_pass_skipped(verification)
         if not one_pass:
             output = super().forward(
                 layer, query, key, value, kv_cache, attn_metadata, output, **kwargs
@@ -77,10 +78,13 @@ class TreeFixupMixin:
             if kernel is None:
                 kernel = TreeAttention(*geometry, rounds_as=rounds_as)
                 _KERNELS[(*geometry, rounds_as)] = kernel
-            kernel(query, key_cache, value_cache, *self.described(attn_metadata, buffers), rows)
+            fix = verification.all_rows if one_pass else None
+            kernel(
+                query, key_cache, value_cache, *self.described(attn_metadata, buffers, fix), rows
+            )
         if verification.check:
             # One pass computed every row: check them all against the reference.
-            fix = torch.ones_like(buffers.token_needs_fix) if one_pass else None
+            fix = verification.all_rows if one_pass else None
             checked = self.described(attn_metadata, buffers, fix)
             CHECK.record(layer.layer_name, query, key_cache, value_cache, *checked, rows)
         return output
@@ -113,15 +117,14 @@ def fixup_rounding(impl) -> str:
     return "fast"
 
 
-def paths_alone(verification) -> bool:
-    """One pass (DOMINOTREE_CUDA_TREE_ATTENTION=one-pass): this forward's target layers
-    run the path requests alone, no stock pass. Eager or piecewise: when this step's
-    tables hold every row. A FULL graph of a uniform batch is captured so, and replayed
-    only for such steps (the runner makes the others non-uniform: runner.
-    _determine_batch_execution_and_padding); other graphs keep the stock pass (with
-    tables that hold every row, the paths then recompute every row over it)."""
-    tables = verification.paths
-    if tables is None or not tables.one_pass:
+def stock_pass_skipped(verification) -> bool:
+    """One pass (DOMINOTREE_CUDA_TREE_ATTENTION=one-pass, one-pass-fixup): this forward's
+    target layers skip the stock pass, every row recomputed. Eager or piecewise: when
+    this step's requests are all trees (the runner's `every_row`). A FULL graph of a
+    uniform batch is captured so, and replayed only for such steps (the runner makes the
+    others non-uniform: runner._determine_batch_execution_and_padding); other graphs keep
+    the stock pass (path tables that hold every row then recompute every row over it)."""
+    if not verification.one_pass:
         return False
     if verification.capturing:
         from vllm.config import CUDAGraphMode
@@ -131,7 +134,7 @@ def paths_alone(verification) -> bool:
         batch = context.batch_descriptor
         full = context.cudagraph_runtime_mode == CUDAGraphMode.FULL
         return full and batch is not None and batch.uniform
-    return tables.covers_every_row
+    return verification.every_row
 
 
 def attend_paths(

@@ -223,11 +223,9 @@ class DominoTreeRunnerMixin:
         )
         mode = attention_mode()
         target = forward_context[min(self._target_layers)]
-        if self.device.type == "cuda" and (
-            mode in ("paths", "one-pass") or (mode == "auto" and runs_fa3(target))
-        ):
-            from .cuda_attention import TreeFlashAttentionBackend
-
+        cuda = self.device.type == "cuda"
+        fa3 = cuda and runs_fa3(target)
+        if cuda and (mode in ("paths", "one-pass") or (mode == "auto" and fa3)):
             # Allocated here, before vLLM measures the memory left for the KV cache.
             self._verification.paths = PathTables(
                 max_paths=min(self.max_num_reqs * self.drafter.budget, self.max_num_tokens),
@@ -235,29 +233,29 @@ class DominoTreeRunnerMixin:
                 max_len=self.max_model_len,
                 device=self.device,
                 splits=path_splits(),
-                # One pass skips the stock pass: "auto" takes it where that pass does not
-                # also write the KV cache (a later vLLM's FA may; then the two passes).
-                one_pass=mode == "one-pass"
-                or (
-                    mode == "auto"
-                    and not TreeFlashAttentionBackend.forward_includes_kv_cache_update
-                ),
             )
+        # One pass skips the stock pass: "auto" takes it where that pass does not also
+        # write the KV cache (a later vLLM's may: then the two passes).
+        self._verification.one_pass = cuda and (
+            mode in ("one-pass", "one-pass-fixup")
+            or (mode == "auto" and fa3 and not target.attn_backend.forward_includes_kv_cache_update)
+        )
+        if self._verification.one_pass:
+            self._verification.all_rows = torch.ones_like(self._tree_buffers.token_needs_fix)
         install(self._verification)
         paths = self._verification.paths
+        attention = "fixup" if paths is None else "paths"
         self._stats.tree_attention = (
             "cpu"
-            if self.device.type != "cuda"
-            else "fixup"
-            if paths is None
-            else "one-pass"
-            if paths.one_pass
-            else "paths"
+            if not cuda
+            else {"paths": "one-pass", "fixup": "one-pass-fixup"}[attention]
+            if self._verification.one_pass
+            else attention
         )
         self._stats.scorer_step = self.drafter.scorer.step
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
-        elif self.device.type == "cuda":
+        elif cuda:
             from .cuda_attention import fixup_rounding
 
             self._stats.fixup_rounding = fixup_rounding(target.impl)
@@ -286,8 +284,15 @@ class DominoTreeRunnerMixin:
                 self.max_num_reqs,
                 self.device,
             )
+            layer = forward_context[names[0]]
+            if self._verification.one_pass and layer.attn_backend.forward_includes_kv_cache_update:
+                raise RuntimeError(
+                    f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={attention_mode()} skips the "
+                    "stock attention, which in this vLLM also writes the KV cache; use paths "
+                    "or fixup"
+                )
             if self._verification.paths is not None:
-                self._check_paths_backend(forward_context[names[0]])
+                self._check_paths_backend(layer)
         else:
             self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
 
@@ -302,30 +307,25 @@ class DominoTreeRunnerMixin:
                 " (float32 models use Triton): unset it or set it to fixup"
             )
         slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
-        from .cuda_attention import TreeFlashAttentionBackend
-
         tables = self._verification.paths
-        if tables.one_pass and TreeFlashAttentionBackend.forward_includes_kv_cache_update:
-            raise RuntimeError(
-                "dominotree: DOMINOTREE_CUDA_TREE_ATTENTION=one-pass skips the stock "
-                "attention, which in this vLLM also writes the KV cache; use paths"
-            )
         # The build's Triton kernels compiled now, on the buffers every step passes (one
         # tree of no rows: nothing is built), not on the first request's step.
-        for every_row in {False, tables.one_pass}:
+        for every_row in {False, self._verification.one_pass}:
             self._build_paths(num_trees=1, num_paths=1, max_root=0, every_row=every_row)
         tables.clear()
-        tables.covers_every_row = False
 
-    def _publish_paths(self, step: TreeStep | None) -> None:
-        """The step's path requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths),
-        built on the device from the step's description: no wait for the trees."""
-        tables = self._verification.paths
+    def _prepare_tree_attention(self, step: TreeStep | None) -> None:
+        """Whether this step runs one pass (its requests all trees), and the step's path
+        requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths, one-pass), built
+        on the device from the step's description: no wait for the trees."""
+        verification = self._verification
+        every_row = verification.one_pass and self._all_trees(step)
+        verification.every_row = every_row
+        self._stats.one_pass_steps += every_row
+        tables = verification.paths
         if tables is None:
             return
         trees = step.trees if step is not None else []
-        every_row = tables.one_pass and self._all_trees(step)
-        self._stats.one_pass_steps += every_row
         self._build_paths(
             len(trees),
             # Each owns a drafted row; one pass: a tree of the root alone has one too.
@@ -336,7 +336,7 @@ class DominoTreeRunnerMixin:
         )
 
     def _all_trees(self, step: TreeStep | None) -> bool:
-        """Every request of the step is a tree: the path requests can hold every row."""
+        """Every request of the step is a tree: one pass can compute every row."""
         return step is not None and len(step.trees) == self.input_batch.num_reqs
 
     def _build_paths(
@@ -411,7 +411,7 @@ class DominoTreeRunnerMixin:
         spec_decode_metadata = out[1]
         with self.stage_clock.stage("prepare"):
             self._step = self._describe_trees(num_scheduled_tokens, spec_decode_metadata)
-            self._publish_paths(self._step)
+            self._prepare_tree_attention(self._step)
         self._verification.step = self._step
         if self._step is not None:
             self.positions[: self._step.num_tokens] += self._step.token_delta
@@ -463,12 +463,11 @@ class DominoTreeRunnerMixin:
         )
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
-        tables = self._verification.paths
+        verification = self._verification
         if (
-            tables is not None
-            and tables.one_pass
+            verification.one_pass
             and kwargs.get("force_uniform_decode") is None  # a step, not a capture
-            and not tables.covers_every_row
+            and not verification.every_row
             and self._is_uniform_decode(
                 kwargs["max_num_scheduled_tokens"],
                 self.uniform_decode_query_len,
@@ -476,10 +475,10 @@ class DominoTreeRunnerMixin:
                 kwargs["num_reqs"],
             )
         ):
-            # One pass: a FULL graph runs the target's attention as path requests alone
-            # (cuda_attention.py), right only when they hold every row. vLLM calls a
+            # One pass: a FULL graph runs the target's attention without the stock pass
+            # (cuda_attention.py), right only when every request is a tree. vLLM calls a
             # batch of budget + 1 rows per request uniform even when some are prefill
-            # chunks; such a step runs piecewise, its attention eager (stock + paths).
+            # chunks; such a step runs piecewise, its attention eager (stock + fixed rows).
             kwargs["force_uniform_decode"] = False
             self._stats.split_uniform_steps += 1
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
@@ -498,10 +497,9 @@ class DominoTreeRunnerMixin:
     def _model_forward(self, *args, **kwargs):
         with self.stage_clock.stage("verify"):
             out = super()._model_forward(*args, **kwargs)
-        if self._verification.paths is not None:
-            # This step's tables are spent: a forward that no step prepared (vLLM's dummy
-            # runs) must not run the path requests alone over them.
-            self._verification.paths.covers_every_row = False
+        # This step is spent: a forward that no step prepared (vLLM's dummy runs) must
+        # not skip the stock pass.
+        self._verification.every_row = False
         return out
 
     # 3. accept (and commit the K/V) ----------------------------------------------------

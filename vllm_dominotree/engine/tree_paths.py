@@ -85,14 +85,10 @@ class PathTables:
         max_len: int,
         device: torch.device,
         splits: int | None = None,
-        one_pass: bool = False,
     ):
         self.max_len = max_len
         # FA3's key splits for these requests (config.path_splits); None: the stock pass's.
         self.splits = splits
-        # One pass (config.attention_mode "one-pass"): a step whose requests are all trees
-        # has every row in its path requests, and the target's layers skip the stock pass.
-        self.one_pass = one_pass
         self.covers_every_row = False  # this step's tables: every row (set by build)
         self.max_paths = max_paths
         self.max_tokens = max_tokens

@@ -280,6 +280,13 @@ class TreeVerification:
     step: TreeStep | None = None
     # CUDA, DOMINOTREE_CUDA_TREE_ATTENTION=paths: the step's path requests (tree_paths.py).
     paths: PathTables | None = None
+    # One pass ("one-pass", "one-pass-fixup"): a step whose requests are all trees skips
+    # the stock pass in the target's layers, every row recomputed (by the path requests
+    # or the fix-up's kernel, whose `needs_fix` is then `all_rows`). every_row: this
+    # forward is such a step (set by the runner for its forward, cleared after it).
+    one_pass: bool = False
+    every_row: bool = False
+    all_rows: torch.Tensor | None = None
     # While vLLM warms up and captures its graphs, the fix-up launches even with no
     # trees (its rows then return at once), so that graphs contain it.
     capturing: bool = False
