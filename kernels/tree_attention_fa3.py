@@ -72,32 +72,31 @@ def fa3_block_n(head_dim: int) -> int:
 
 
 @triton.jit
-def _load_keys(
-    Cache,
-    BlockTable,
-    req,
-    kv_head,
-    pos,
-    ok,
-    stride_bt,
-    stride_b,
-    stride_s,
-    stride_h,
-    dims,
-    PAGE: tl.constexpr,
-):
-    """[N, D] keys (or values) of positions `pos` of a request's paged cache."""
+def _load_kv(K, V, BlockTable, req, kv_head, pos, ok, strides, dims, PAGE: tl.constexpr):
+    """([N, D] keys, [N, D] values) of positions `pos` of a request's paged cache;
+    strides: (block table row, K block, K slot, K head, V block, V slot, V head)."""
+    stride_bt, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = strides
     page = tl.load(BlockTable + req * stride_bt + pos // PAGE, mask=ok, other=0)
     slot = pos % PAGE
-    return tl.load(
-        Cache
-        + page[:, None] * stride_b
-        + slot[:, None] * stride_s
-        + kv_head * stride_h
+    k = tl.load(
+        K
+        + page[:, None] * stride_kb
+        + slot[:, None] * stride_ks
+        + kv_head * stride_kh
         + dims[None, :],
         mask=ok[:, None],
         other=0.0,
     )
+    v = tl.load(
+        V
+        + page[:, None] * stride_vb
+        + slot[:, None] * stride_vs
+        + kv_head * stride_vh
+        + dims[None, :],
+        mask=ok[:, None],
+        other=0.0,
+    )
+    return k, v
 
 
 @triton.jit
@@ -210,34 +209,8 @@ def tree_rows_attention_fa3(
         mask=m_ok[:, None],
         other=0.0,
     )
-    k_tree = _load_keys(
-        K,
-        BlockTable,
-        req,
-        kv_head,
-        start + t,
-        t_ok,
-        stride_bt,
-        stride_kb,
-        stride_ks,
-        stride_kh,
-        dims,
-        PAGE,
-    )
-    v_tree = _load_keys(
-        V,
-        BlockTable,
-        req,
-        kv_head,
-        start + t,
-        t_ok,
-        stride_bt,
-        stride_vb,
-        stride_vs,
-        stride_vh,
-        dims,
-        PAGE,
-    )
+    strides = (stride_bt, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh)
+    k_tree, v_tree = _load_kv(K, V, BlockTable, req, kv_head, start + t, t_ok, strides, dims, PAGE)
     s_tree = tl.dot(q, tl.trans(k_tree))  # [M, ROWS], unscaled
     offsets = tl.arange(0, KEY_TILE)
     # This program's FA3 splits, merged as they finish: (merged_acc / merged_sum) at
@@ -258,34 +231,7 @@ def tree_rows_attention_fa3(
             in_split = (b >= lo) & (b < hi)  # [M]
             pos = b * BLOCK_N + offsets
             key_ok = (offsets < BLOCK_N) & (pos < start)  # the block's prefix keys
-            k = _load_keys(
-                K,
-                BlockTable,
-                req,
-                kv_head,
-                pos,
-                key_ok,
-                stride_bt,
-                stride_kb,
-                stride_ks,
-                stride_kh,
-                dims,
-                PAGE,
-            )
-            v = _load_keys(
-                V,
-                BlockTable,
-                req,
-                kv_head,
-                pos,
-                key_ok,
-                stride_bt,
-                stride_vb,
-                stride_vs,
-                stride_vh,
-                dims,
-                PAGE,
-            )
+            k, v = _load_kv(K, V, BlockTable, req, kv_head, pos, key_ok, strides, dims, PAGE)
             scores = tl.dot(q, tl.trans(k))
             scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
             # The tree's keys at their decoding positions: in the last block or two only.
