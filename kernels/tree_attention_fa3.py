@@ -100,6 +100,40 @@ def _load_kv(K, V, BlockTable, req, kv_head, pos, ok, strides, dims, PAGE: tl.co
 
 
 @triton.jit
+def _tree_scores(
+    q,
+    K,
+    V,
+    BlockTable,
+    req,
+    kv_head,
+    start,
+    t,
+    t_ok,
+    t_pos,
+    bits,
+    in_split,
+    b,
+    strides,
+    dims,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """([M, ROWS] unscaled scores of the tree's keys that block b holds at their decoding
+    positions and each row sees, -inf elsewhere; [ROWS, D] the keys' values). Loaded
+    again where needed: the last block or two of a split only, and so nothing of it
+    stays in registers across the block loop."""
+    k_tree, v_tree = _load_kv(K, V, BlockTable, req, kv_head, start + t, t_ok, strides, dims, PAGE)
+    here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
+    # Row i sees the root and tree row j >= 1 where bit j - 1 of its ancestor bits is set.
+    shift = tl.maximum(t - 1, 0).to(tl.int64)
+    seen = (t == 0)[None, :] | (((bits[:, None] >> shift[None, :]) & 1) != 0)
+    seen = seen & (t_ok & here)[None, :] & in_split[:, None]
+    scores = tl.where(seen, tl.dot(q, tl.trans(k_tree)), float("-inf"))
+    return scores, v_tree
+
+
+@triton.jit
 def _batch_blocks(QueryStart, SeqLens, BLOCK_N: tl.constexpr):
     """Key blocks of the step's requests decoding one row each (their roots); a graph's
     padding requests (no rows) have none, as FA3 counts a request of no keys."""
@@ -182,8 +216,6 @@ def tree_rows_attention_fa3(
     t_bits = tl.load(Ancestors + first_row + t, mask=t_ok, other=0)  # [ROWS]
     depth = tl.sum((t_bits[:, None] >> t[None, :].to(tl.int64)) & 1, axis=1)  # [ROWS]
     t_pos = start + depth
-    shift = tl.maximum(t - 1, 0).to(tl.int64)
-    t_seen = t_ok[None, :] & ((t == 0)[None, :] | (((bits[:, None] >> shift[None, :]) & 1) != 0))
     # Each row decodes start + depth + 1 keys: its blocks, cut into splits as FA3's
     # scheduler cuts a decoding step's (flash_prepare_scheduler.cu): a split count per
     # request from the whole batch's blocks, taken here as one decoding row per request.
@@ -210,22 +242,23 @@ def tree_rows_attention_fa3(
         other=0.0,
     )
     strides = (stride_bt, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh)
-    k_tree, v_tree = _load_kv(K, V, BlockTable, req, kv_head, start + t, t_ok, strides, dims, PAGE)
-    s_tree = tl.dot(q, tl.trans(k_tree))  # [M, ROWS], unscaled
     offsets = tl.arange(0, KEY_TILE)
-    # This program's FA3 splits, merged as they finish: (merged_acc / merged_sum) at
-    # log-scale merged_max, the convention of the fix-up's partial results.
-    merged_max = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
-    merged_sum = tl.zeros([ROWS * GROUP_PAD], tl.float32)
-    merged_acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
+    # One accumulator for all of this program's FA3 splits, kept at the running maximum
+    # `top` over them: a split's P is rounded against its own running maximum (FA3's
+    # steps), and its products P @ V enter the accumulator scaled from that maximum to
+    # `top`. This is FA3's combine of the splits (out = sum_s exp(lse_s) O_s / sum_s
+    # exp(lse_s)) with the float32 sums taken in another order, and needs no second
+    # [rows, head dim] accumulator.
+    top = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
+    total = tl.zeros([ROWS * GROUP_PAD], tl.float32)  # sum_s exp2((max_s - top) c) sum_s
+    acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
     for split in range(first_split, tl.minimum(first_split + splits_per_program, used)):
         lo = split * per_split  # [M]: each row's blocks of this split
         hi = tl.minimum(lo + per_split, blocks)
         lo_all = tl.min(tl.where(fix & (lo < hi), lo, 1 << 30), axis=0)
         hi_all = tl.max(tl.where(fix, hi, 0), axis=0)
-        row_max = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
+        row_max = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)  # the split's
         row_sum = tl.zeros([ROWS * GROUP_PAD], tl.float32)
-        acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
         for i in range(0, hi_all - lo_all):
             b = hi_all - 1 - i  # a split's blocks from its last to its first, as FA3
             in_split = (b >= lo) & (b < hi)  # [M]
@@ -234,40 +267,71 @@ def tree_rows_attention_fa3(
             k, v = _load_kv(K, V, BlockTable, req, kv_head, pos, key_ok, strides, dims, PAGE)
             scores = tl.dot(q, tl.trans(k))
             scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
-            # The tree's keys at their decoding positions: in the last block or two only.
-            tree_here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
-            tree_scores = tl.where(
-                in_split[:, None] & t_seen & tree_here[None, :], s_tree, float("-inf")
-            )
-            holds_tree = b * BLOCK_N + BLOCK_N > start
             new_max = tl.maximum(row_max, tl.max(scores, 1))
+            # The tree's keys at their decoding positions: in the last block or two only.
+            holds_tree = b * BLOCK_N + BLOCK_N > start
             if holds_tree:
+                tree_scores, _ = _tree_scores(
+                    q,
+                    K,
+                    V,
+                    BlockTable,
+                    req,
+                    kv_head,
+                    start,
+                    t,
+                    t_ok,
+                    t_pos,
+                    bits,
+                    in_split,
+                    b,
+                    strides,
+                    dims,
+                    PAGE,
+                    BLOCK_N,
+                )
                 new_max = tl.maximum(new_max, tl.max(tree_scores, 1))
             current = tl.where(new_max == float("-inf"), 0.0, new_max)
-            rescale = tl.math.exp2((row_max - current) * scale_log2)
             max_scaled = current * scale_log2
             p = tl.math.exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]))
-            row_sum = row_sum * rescale + tl.sum(p, 1)
-            acc = acc * rescale[:, None]
-            acc += tl.dot(p.to(v.dtype), v)
+            row_sum = row_sum * tl.math.exp2((row_max - current) * scale_log2) + tl.sum(p, 1)
+            products = tl.dot(p.to(v.dtype), v)
             if holds_tree:
-                p_tree = tl.math.exp2(tl.fma(tree_scores, scale_log2, -max_scaled[:, None]))
+                p_tree, v_tree = _tree_scores(
+                    q,
+                    K,
+                    V,
+                    BlockTable,
+                    req,
+                    kv_head,
+                    start,
+                    t,
+                    t_ok,
+                    t_pos,
+                    bits,
+                    in_split,
+                    b,
+                    strides,
+                    dims,
+                    PAGE,
+                    BLOCK_N,
+                )
+                p_tree = tl.math.exp2(tl.fma(p_tree, scale_log2, -max_scaled[:, None]))
                 row_sum += tl.sum(p_tree, 1)
-                acc += tl.dot(p_tree.to(v.dtype), v_tree)
+                products += tl.dot(p_tree.to(v.dtype), v_tree)
+            # A row without keys in this block (not in this split) keeps its scale.
+            has_keys = new_max > float("-inf")
+            new_top = tl.where(has_keys, tl.maximum(top, current), top)
+            shrink = tl.where(new_top == top, 1.0, tl.math.exp2((top - new_top) * scale_log2))
+            grow = tl.where(has_keys, tl.math.exp2((current - new_top) * scale_log2), 0.0)
+            acc = acc * shrink[:, None] + grow[:, None] * products
+            total *= shrink
+            top = new_top
             row_max = new_max
-        # The split's result as FA3 finalizes it; a row without keys here: lse -inf.
-        empty = (row_sum == 0.0) | (row_sum != row_sum)
-        split_out = acc * tl.where(empty, 0.0, 1.0 / row_sum)[:, None]
-        lse = tl.where(empty, float("-inf"), row_max * scale_log2 * LN2 + tl.log(row_sum))
-        new_merged = tl.maximum(merged_max, lse)
-        anchor = tl.where(new_merged == float("-inf"), 0.0, new_merged)
-        old_weight = tl.exp(merged_max - anchor)
-        weight = tl.exp(lse - anchor)
-        merged_sum = merged_sum * old_weight + weight
-        merged_acc = merged_acc * old_weight[:, None] + weight[:, None] * split_out
-        merged_max = new_merged
-    if programs_used == 1:  # the only program: normalize and write the rows' output
-        out = merged_acc / tl.where(merged_sum == 0.0, 1.0, merged_sum)[:, None]
+        # The split's sum enters at the accumulator's scale (a row without keys: none).
+        total += tl.where(row_sum > 0.0, tl.math.exp2((row_max - top) * scale_log2) * row_sum, 0.0)
+    if programs_used == 1:  # the only program: normalize (as FA3: times 1 / sum) and write
+        out = acc * tl.where(total == 0.0, 0.0, 1.0 / total)[:, None]
         tl.store(
             Out
             + (first_row + row)[:, None] * stride_ot
@@ -276,7 +340,7 @@ def tree_rows_attention_fa3(
             out.to(Out.dtype.element_ty),
             mask=m_ok[:, None],
         )
-    else:
+    else:  # the partial result at natural-log scale top * scale_log2 * ln 2
         rows_at = first_row + row
         tl.store(
             PartAcc
@@ -284,15 +348,15 @@ def tree_rows_attention_fa3(
             + rows_at[:, None] * stride_pt
             + head[:, None] * stride_ph
             + dims[None, :],
-            merged_acc,
+            acc,
             mask=m_ok[:, None],
         )
         tl.store(
             PartMax + program * stride_ms + rows_at * stride_mt + head,
-            tl.where(merged_max == float("-inf"), 0.0, merged_max),
+            tl.where(top == float("-inf"), 0.0, top * scale_log2 * LN2),
             mask=m_ok,
         )
-        tl.store(PartSum + program * stride_ms + rows_at * stride_mt + head, merged_sum, mask=m_ok)
+        tl.store(PartSum + program * stride_ms + rows_at * stride_mt + head, total, mask=m_ok)
         # Every thread's stores are issued before the counter's release; the program
         # that counts last acquires them all and merges the programs' results.
         tl.debug_barrier()
