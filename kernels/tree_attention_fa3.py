@@ -21,9 +21,10 @@ takes for every row FA3's steps for that row's decoding:
   P = exp2(S * scale_log2 - max * scale_log2) (one FMA); the row sum from the float32
   P; P rounded to the input dtype before P @ V (float32 accumulation). The step taken
   is one decoding row per request of this step (or the blocks a caller names).
-- A split's result is O = acc * (1 / sum) and lse = max * scale_log2 * ln 2 + log(sum);
-  the splits merge as FA3's combine kernel merges them: lse_max, the sum of
-  exp(lse - lse_max), lse_sum = log(sum) + lse_max, out = sum_s exp(lse_s - lse_sum) O_s.
+- FA3 finalizes a split as O_s = acc_s * (1 / sum_s), lse_s = max_s * scale_log2 * ln 2
+  + log(sum_s), and combines the splits as out = sum_s exp(lse_s - lse_sum) O_s; that is
+  sum_s exp2(max_s * scale_log2) acc_s / sum_s exp2(max_s * scale_log2) sum_s, which this
+  kernel accumulates (one split: exactly FA3's acc * (1 / sum)).
 
 The facts are from FA3's Hopper code as vLLM builds it (vllm-project/flash-attention,
 hopper/: tile_size.h, flash_api.cpp, flash_prepare_scheduler.cu, block.h, softmax.h,
@@ -39,8 +40,7 @@ Layout and step description as tree_attention.py: key_cache / value_cache as [bl
 slot, kv head, head dim], the batch's query_start / seq_lens / block table, per-row
 ancestor bits (bit j - 1: tree row j >= 1 is an ancestor or the row itself) and needs_fix.
 Programs: one per (request, KV head, program split), each taking a run of FA3's splits
-and merging their results as it goes (where FA3 merges all splits at once: float32 sums
-in another order); the programs' results merge as the fix-up's do
+into one accumulator; the programs' results merge as the fix-up's do
 (tree_attention._merge_splits), by the last program to finish, in the same launch.
 """
 
