@@ -96,14 +96,13 @@ KERNEL_TRACE = "vllm_dominotree.engine.profiling.KernelTraceExtension"
 
 # Method suffix -> (engine arguments, environment) of the variant.
 VARIANTS = {
-    # Before "-fixup" and "-one-pass": the longest suffix is stripped first.
-    "-one-pass-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-fixup"}),
     "-sync": ({"async_scheduling": False}, {}),
     "-vllm-draft": ({}, {"DOMINOTREE_DRAFT_GRAPHS": "0"}),
     "-prepare-apart": ({}, {"DOMINOTREE_PREPARE_IN_BUILD": "0"}),
     "-paths": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
     "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
     "-one-pass": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"}),
+    "-one-pass-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-fixup"}),
     "-triton": ({}, {"DOMINOTREE_NODE_STEP": "triton"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
 }

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 def split_suffixes(name: str, suffixes: dict[str, tuple[dict, dict]]) -> tuple[str, dict, dict]:
     """name -> (its base, the engine arguments and the environment of its suffixes), in
-    any order: suffixes maps '-suffix' to (engine arguments, environment variables)."""
+    any order: suffixes maps '-suffix' to (engine arguments, environment variables). The
+    longest suffix that ends the name is taken first, so that `-one-pass-fixup` is not
+    read as `-one-pass` and `-fixup`."""
     engine, env = {}, {}
-    stripped = True
-    while stripped:
-        stripped = False
-        for suffix, (arguments, variables) in suffixes.items():
-            if name.endswith(suffix):
-                name = name.removesuffix(suffix)
-                engine, env = engine | arguments, env | variables
-                stripped = True
-    return name, engine, env
+    by_length = sorted(suffixes, key=len, reverse=True)
+    while True:
+        suffix = next((s for s in by_length if name.endswith(s)), None)
+        if suffix is None:
+            return name, engine, env
+        arguments, variables = suffixes[suffix]
+        name = name.removesuffix(suffix)
+        engine, env = engine | arguments, env | variables

@@ -119,6 +119,12 @@ def test_method_variants_name_their_engine_arguments_and_environment():
     )
     assert split_variants("chain") == ("chain", {}, {})
     assert split_variants("conditional-fixup")[2] == {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}
+    # The longest suffix first: not "-fixup", then "-one-pass" over it.
+    assert split_variants("conditional-one-pass-fixup-sync") == (
+        "conditional",
+        {"async_scheduling": False},
+        {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-fixup"},
+    )
 
 
 def test_a_variant_the_engine_did_not_run_stops_the_bench():
