@@ -83,8 +83,8 @@ class DominoTreeStats:
     graph_drafts: int = 0
     eager_drafts: int = 0
     # How the target's attention computed the tree rows (config.attention_mode):
-    # "one-pass" / "paths" (FA3 over path requests), "fixup" (the Triton tree kernel) or
-    # "cpu".
+    # "one-pass" / "paths" (FA3 over path requests), "one-pass-fixup" / "fixup" (the
+    # Triton tree kernel) or "cpu".
     tree_attention: str = ""
     # How the scorer computes a node's children (tree/scorers.py): "torch" (the compiled
     # torch step), "triton" (three launches per pop, not yet the default) or "table"
@@ -94,8 +94,8 @@ class DominoTreeStats:
     path_splits: str = ""
     # "fixup": how its rows round (cuda_attention.fixup_rounding): "fa3", "triton", "fast".
     fixup_rounding: str = ""
-    # "one-pass": steps whose path requests held every row (no stock pass); the other
-    # verification steps ran the stock pass and the fixed rows' paths.
+    # One pass: steps whose rows were all recomputed (all trees: no stock pass); the
+    # other verification steps ran the stock pass and recomputed the fixed rows.
     one_pass_steps: int = 0
     # "one-pass": steps of budget + 1 rows per request with a request that is no tree
     # (a prefill chunk of that length), which vLLM would run in a FULL graph: run

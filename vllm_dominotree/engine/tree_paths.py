@@ -89,7 +89,6 @@ class PathTables:
         self.max_len = max_len
         # FA3's key splits for these requests (config.path_splits); None: the stock pass's.
         self.splits = splits
-        self.covers_every_row = False  # this step's tables: every row (set by build)
         self.max_paths = max_paths
         self.max_tokens = max_tokens
 
@@ -192,7 +191,6 @@ class PathTables:
         from ..kernels.path_build import build_path_requests
 
         self.clear()
-        self.covers_every_row = False
         if not trees.shape[1] or not num_paths:
             return
         if num_paths > self.max_paths or num_keys > self.max_len:
@@ -218,7 +216,6 @@ class PathTables:
             self.row_to_query,
             every_row,
         )
-        self.covers_every_row = every_row
 
 
 def slot_view(cache: torch.Tensor) -> torch.Tensor:
