@@ -5,7 +5,8 @@ Why: a tree row must round as FA3 rounds the same row when it decodes that row's
 path, or a small model's bf16 near-ties flip (the fast fix-up, tree_attention.py, left
 SmolLM2-135M's greedy output on 64 of 100 prompts). FA3 over one request per root-to-leaf
 path (engine/tree_paths.py) rounds right, but reads the request's prefix once per path:
-on the H200 at batch 16 its pass cost 93 us per layer beside the stock pass's 14. This
+on the H200 at batch 16 one pass over them took 107 us per layer, where the stock pass
+alone took about 14 (benchmarks/results/h200_2026-12-03e). This
 kernel reads the prefix once per (request, KV head, key split), as the fix-up does, and
 takes for every row FA3's steps for that row's decoding:
 
