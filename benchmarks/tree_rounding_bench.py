@@ -16,7 +16,8 @@ tree's causal pass gets wrong computed these ways:
 - fixup_fa3: the Triton tree kernel in FA3's steps (kernels/tree_attention_fa3.py, the
   fix-up beside FA3), told decode's batch of blocks;
 - fa3_reference: those steps in torch (tree_attention_fa3.fa3_decoding_reference): how
-  far the model of FA3's steps itself is from FA3;
+  far the model of FA3's steps itself is from FA3 (--fa3-models: and other models, with
+  other key blocks or split rules, to say which fact is off when it is far);
 - exact: the dense float32 reference.
 FA3 is called with vLLM's split bound under FULL graphs (SPLITS_UNDER_GRAPHS), as the
 engine's graphs call it (before 2026-12-03e: FA3's own count).
@@ -73,7 +74,35 @@ def gpu_ms(launch, repeats: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(shape: str, context: int, seed: int, requests: int) -> dict:
+# --fa3-models: other models of FA3's decoding steps, the torch model with another key
+# block or another split rule, so that a run that finds the kernel apart from FA3 also
+# says which fact of the model is off. (name, block_n or None: fa3_block_n, batch
+# blocks: 0 the decode step's, 1 a split per block (few blocks per SM), huge one split)
+FA3_MODELS = [
+    ("block 128", 128, None),
+    ("block 160", 160, None),
+    ("block 176", 176, None),
+    ("block 192", 192, None),
+    ("a split per block", None, 1),
+    ("one split", None, 10**9),
+]
+
+
+def fa3_model_shares(args, scale: float, decode: torch.Tensor, blocks: int, num_sms: int):
+    """Per FA3_MODELS entry, the share of the fixed rows' elements that differ from
+    decode."""
+    fixed = args[-1].bool()
+    shares = {}
+    for name, block_n, batch_blocks in FA3_MODELS:
+        out = torch.full_like(args[0], 7.0)
+        fa3_decoding_reference(
+            *args, scale, out, num_sms, block_n=block_n, batch_blocks=batch_blocks or blocks
+        )
+        shares[name] = float((out[fixed] != decode[fixed]).float().mean())
+    return shares
+
+
+def measure(shape: str, context: int, seed: int, requests: int, fa3_models: bool) -> dict:
     from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
 
     heads, kv_heads, head_dim = SHAPES[shape]
@@ -165,6 +194,10 @@ def measure(shape: str, context: int, seed: int, requests: int) -> dict:
         "fixed_rows": int(fixed.sum()),
         **timings,
     }
+    if fa3_models:
+        result["fa3_models"] = fa3_model_shares(
+            args, scale, outputs["decode"], blocks, fixup_fa3.num_sms
+        )
     for name, out in outputs.items():
         error = (out[fixed].float() - exact[fixed]).abs()
         result[name] = {
@@ -195,9 +228,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--requests", type=int, nargs="+", default=[2, 16])
+    parser.add_argument(
+        "--fa3-models", action="store_true", help="also the torch model under FA3_MODELS"
+    )
     args = parser.parse_args()
     cases = [(s, c, r) for s in SHAPES for c in args.contexts for r in args.requests]
-    results = [measure(s, c, seed, r) for seed, (s, c, r) in enumerate(cases)]
+    results = [measure(s, c, seed, r, args.fa3_models) for seed, (s, c, r) in enumerate(cases)]
+    for r in results:
+        if "fa3_models" in r:  # in the log, the JSON keeps them too
+            print(r["shape"], r["context"], r["requests"], "FA3 models != decode:", r["fa3_models"])
     methods = ("decode", "paths", "one_pass", "fixup", "fixup_fa3", "fa3_reference")
     rows = [
         [
