@@ -73,9 +73,11 @@ def fa3_block_n(head_dim: int) -> int:
 
 
 @triton.jit
-def _load_kv(K, V, BlockTable, req, kv_head, pos, ok, strides, dims, PAGE: tl.constexpr):
-    """([N, D] keys, [N, D] values) of positions `pos` of a request's paged cache;
-    strides: (block table row, K block, K slot, K head, V block, V slot, V head)."""
+def _load_kv(cache, pos, ok, PAGE: tl.constexpr):
+    """([N, D] keys, [N, D] values) of positions `pos` of a request's paged cache; cache:
+    (K, V, block table, request, KV head, strides, dims), the strides (block table row,
+    K block, K slot, K head, V block, V slot, V head)."""
+    K, V, BlockTable, req, kv_head, strides, dims = cache
     stride_bt, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = strides
     page = tl.load(BlockTable + req * stride_bt + pos // PAGE, mask=ok, other=0)
     slot = pos % PAGE
@@ -101,30 +103,14 @@ def _load_kv(K, V, BlockTable, req, kv_head, pos, ok, strides, dims, PAGE: tl.co
 
 
 @triton.jit
-def _tree_scores(
-    q,
-    K,
-    V,
-    BlockTable,
-    req,
-    kv_head,
-    start,
-    t,
-    t_ok,
-    t_pos,
-    bits,
-    in_split,
-    b,
-    strides,
-    dims,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _tree_scores(q, cache, tree, in_split, b, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     """([M, ROWS] unscaled scores of the tree's keys that block b holds at their decoding
-    positions and each row sees, -inf elsewhere; [ROWS, D] the keys' values). Loaded
-    again where needed: the last block or two of a split only, and so nothing of it
-    stays in registers across the block loop."""
-    k_tree, v_tree = _load_kv(K, V, BlockTable, req, kv_head, start + t, t_ok, strides, dims, PAGE)
+    positions and each row sees, -inf elsewhere; [ROWS, D] the keys' values); tree:
+    (root position, tree indices, which exist, decoding positions, the rows' ancestor
+    bits). Loaded again where needed: the last block or two of a split only, and so
+    nothing of it stays in registers across the block loop."""
+    start, t, t_ok, t_pos, bits = tree
+    k_tree, v_tree = _load_kv(cache, start + t, t_ok, PAGE)
     here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
     # Row i sees the root and tree row j >= 1 where bit j - 1 of its ancestor bits is set.
     shift = tl.maximum(t - 1, 0).to(tl.int64)
@@ -243,6 +229,8 @@ def tree_rows_attention_fa3(
         other=0.0,
     )
     strides = (stride_bt, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh)
+    cache = (K, V, BlockTable, req, kv_head, strides, dims)
+    tree = (start, t, t_ok, t_pos, bits)
     offsets = tl.arange(0, KEY_TILE)
     # One accumulator for all of this program's FA3 splits, kept at the running maximum
     # `top` over them: a split's P is rounded against its own running maximum (FA3's
@@ -265,32 +253,14 @@ def tree_rows_attention_fa3(
             in_split = (b >= lo) & (b < hi)  # [M]
             pos = b * BLOCK_N + offsets
             key_ok = (offsets < BLOCK_N) & (pos < start)  # the block's prefix keys
-            k, v = _load_kv(K, V, BlockTable, req, kv_head, pos, key_ok, strides, dims, PAGE)
+            k, v = _load_kv(cache, pos, key_ok, PAGE)
             scores = tl.dot(q, tl.trans(k))
             scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(scores, 1))
             # The tree's keys at their decoding positions: in the last block or two only.
             holds_tree = b * BLOCK_N + BLOCK_N > start
             if holds_tree:
-                tree_scores, _ = _tree_scores(
-                    q,
-                    K,
-                    V,
-                    BlockTable,
-                    req,
-                    kv_head,
-                    start,
-                    t,
-                    t_ok,
-                    t_pos,
-                    bits,
-                    in_split,
-                    b,
-                    strides,
-                    dims,
-                    PAGE,
-                    BLOCK_N,
-                )
+                tree_scores, _ = _tree_scores(q, cache, tree, in_split, b, PAGE, BLOCK_N)
                 new_max = tl.maximum(new_max, tl.max(tree_scores, 1))
             current = tl.where(new_max == float("-inf"), 0.0, new_max)
             max_scaled = current * scale_log2
@@ -298,25 +268,7 @@ def tree_rows_attention_fa3(
             row_sum = row_sum * tl.math.exp2((row_max - current) * scale_log2) + tl.sum(p, 1)
             products = tl.dot(p.to(v.dtype), v)
             if holds_tree:
-                p_tree, v_tree = _tree_scores(
-                    q,
-                    K,
-                    V,
-                    BlockTable,
-                    req,
-                    kv_head,
-                    start,
-                    t,
-                    t_ok,
-                    t_pos,
-                    bits,
-                    in_split,
-                    b,
-                    strides,
-                    dims,
-                    PAGE,
-                    BLOCK_N,
-                )
+                p_tree, v_tree = _tree_scores(q, cache, tree, in_split, b, PAGE, BLOCK_N)
                 p_tree = tl.math.exp2(tl.fma(p_tree, scale_log2, -max_scaled[:, None]))
                 row_sum += tl.sum(p_tree, 1)
                 products += tl.dot(p_tree.to(v.dtype), v_tree)
