@@ -56,6 +56,35 @@ for seed, context, capacity, head_dim, heads, kv_heads in cases:
 print("ok")
 """
 
+# A FULL graph's padding requests (no rows, no keys) take no part in FA3's split rule:
+# the rows come out as without them. The contexts put the step's key blocks at 59 of
+# 60 per multiprocessor, so two blocks more would change every request's split count,
+# which the reference shows first (the check can fail).
+PADDING = """
+import torch
+from tree_attention_check import random_case
+from vllm_dominotree.kernels.tree_attention import TreeAttention
+from vllm_dominotree.kernels.tree_attention_fa3 import fa3_decoding_reference
+args = random_case("cpu", torch.float16, 8, head_dim=128, contexts=[1900, 1900, 1900, 1780])
+query, block_table, query_start, seq_lens, needs_fix = (args[i] for i in (0, 3, 4, 5, 7))
+fixed, scale = needs_fix.bool(), 128 ** -0.5
+def run(step, reference=False, **kw):
+    out = torch.full_like(query, 7.0)
+    (fa3_decoding_reference if reference else kernel)(*step, scale, out, **kw)
+    return out[fixed]
+kernel = TreeAttention(8, 128, 17, "cpu", 4096, rounds_as="fa3")
+assert not torch.equal(run(args, True, batch_blocks=59), run(args, True, batch_blocks=61))
+pad = 2
+padded = list(args)
+padded[3] = torch.cat([block_table, torch.zeros(pad, block_table.shape[1], dtype=torch.int32)])
+padded[4] = torch.cat([query_start, query_start[-1:].repeat(pad)])
+padded[5] = torch.cat([seq_lens, torch.zeros(pad, dtype=torch.int32)])
+got = run(padded)
+assert torch.equal(got, run(args, decode_batch_blocks=59))
+assert not torch.equal(got, run(args, decode_batch_blocks=61))
+print("ok")
+"""
+
 MOVE = """
 import torch
 from vllm_dominotree.kernels.kv_move import PathKVMover
@@ -83,6 +112,10 @@ def test_tree_rows_match_dense_reference_and_other_rows_are_untouched():
 
 def test_fa3_rounded_rows_take_fa3s_decoding_steps():
     run_interpreted(FA3)
+
+
+def test_fa3_rounded_rows_ignore_a_graphs_padding_requests():
+    run_interpreted(PADDING)
 
 
 def test_accepted_paths_move_to_the_rows_after_their_roots():
