@@ -330,6 +330,13 @@ class TreeAttention:
         rounding the rows take (FA3 sizes its splits by them); 0, the default: this
         step's requests decoding one row each."""
         num_tokens, heads, head_dim = query.shape
+        if self.rounds_as == "fa3" and query.element_size() != 2:
+            # FA3 runs 16-bit inputs only, and float32 tiles of FA3's key blocks exceed
+            # the H200's shared memory (360 KB at head dim 128, 2026-12-04).
+            raise ValueError(
+                f"rounds_as='fa3' takes float16 / bfloat16 inputs (FA3's), got "
+                f"{query.dtype}; use rounds_as='fast' or 'triton' for {query.dtype}"
+            )
         num_reqs = seq_lens.shape[0]
         kv_heads, page = key_cache.shape[2], key_cache.shape[1]
         group = heads // kv_heads

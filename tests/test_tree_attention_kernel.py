@@ -4,7 +4,12 @@ and the one-launch K/V move of accepted paths."""
 
 from __future__ import annotations
 
+import pytest
+import torch
 from interpreter import run_interpreted
+from tree_attention_check import random_case
+
+from vllm_dominotree.kernels.tree_attention import TreeAttention
 
 ATTENTION = """
 import torch
@@ -120,3 +125,12 @@ def test_fa3_rounded_rows_ignore_a_graphs_padding_requests():
 
 def test_accepted_paths_move_to_the_rows_after_their_roots():
     run_interpreted(MOVE)
+
+
+def test_fa3_rounding_refuses_float32_by_name():
+    """FA3 runs 16-bit inputs only; float32 tiles of its key blocks exceed an H200's
+    shared memory, so the FA3-rounded fix-up says so before any launch."""
+    args = random_case("cpu", torch.float32, 0, head_dim=64)
+    kernel = TreeAttention(8, 64, 17, "cpu", rounds_as="fa3")
+    with pytest.raises(ValueError, match="rounds_as='fa3' takes float16 / bfloat16"):
+        kernel(*args, 0.125, torch.empty_like(args[0]))

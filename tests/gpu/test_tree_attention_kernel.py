@@ -27,11 +27,17 @@ FLOAT32_TOLERANCE = 5e-3
 ROUNDINGS = [(4096, "fast"), (8, "fast"), (4096, "triton"), (4096, "fa3"), (8, "fa3")]
 
 
+# FA3's rounding is for 16-bit inputs only (FA3 runs no float32; TreeAttention refuses it).
+CASES = [
+    (capacity, rounds_as, dtype, tolerance)
+    for capacity, rounds_as in ROUNDINGS
+    for dtype, tolerance in [(torch.float32, FLOAT32_TOLERANCE), (torch.bfloat16, 3e-2)]
+    if not (rounds_as == "fa3" and dtype == torch.float32)
+]
+
+
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("capacity, rounds_as", ROUNDINGS)
-@pytest.mark.parametrize(
-    "dtype, tolerance", [(torch.float32, FLOAT32_TOLERANCE), (torch.bfloat16, 3e-2)]
-)
+@pytest.mark.parametrize("capacity, rounds_as, dtype, tolerance", CASES)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_kernel_matches_dense_reference(seed, capacity, rounds_as, dtype, tolerance, shape):
     heads, kv_heads, head_dim = SHAPES[shape]
