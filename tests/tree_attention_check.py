@@ -206,6 +206,86 @@ def paths_output(
     return out
 
 
+def vllm_decode_output(args, page: int = 16, num_splits: int = 32) -> torch.Tensor:
+    """Each fixed row of a random_case batch decoded as vLLM's FA3 backend decodes a
+    token (CUDA): one one-token request per fixed row over its own path, copied into a
+    fresh cache of `page`-slot pages (vLLM's block size), FA3 called with max_seqlen_q 1
+    and the ahead-of-time scheduler metadata that vLLM's metadata builder computes
+    (get_scheduler_metadata, the split bound of its FULL graphs). The other rows are
+    left at 7.0. The engine's bf16 test compares against the target alone decoding so."""
+    from vllm.v1.attention.backends.fa_utils import (
+        flash_attn_varlen_func,
+        get_scheduler_metadata,
+    )
+
+    query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors, needs_fix = args
+    cache_page, kv_heads, head_dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    rows, keys, values = [], [], []
+    for r in range(seq_lens.numel()):
+        first, end = int(query_start[r]), int(query_start[r + 1])
+        start = int(seq_lens[r]) - (end - first)
+        positions = torch.arange(int(seq_lens[r]), device=query.device)
+        slots = block_table[r, positions // cache_page].long() * cache_page + positions % cache_page
+        for i in range(first, end):
+            if not needs_fix[i]:
+                continue
+            bits = int(ancestors[i])
+            path = [0] + [t for t in range(1, end - first) if bits >> (t - 1) & 1]
+            order = torch.cat([torch.arange(start), start + torch.tensor(path)])
+            picked = slots[order.to(slots.device)]
+            rows.append(i)
+            keys.append(key_cache.flatten(0, 1)[picked])
+            values.append(value_cache.flatten(0, 1)[picked])
+    lengths = torch.tensor([k.shape[0] for k in keys], dtype=torch.int32, device=query.device)
+    pages = (lengths + page - 1) // page
+    table = torch.zeros(len(rows), int(pages.max()), dtype=torch.int32, device=query.device)
+    k_new = query.new_zeros(int(pages.sum()), page, kv_heads, head_dim)
+    v_new = torch.zeros_like(k_new)
+    used = 0
+    for n, (k, v) in enumerate(zip(keys, values, strict=True)):
+        count = int(pages[n])
+        table[n, :count] = torch.arange(used, used + count, device=query.device)
+        k_new.flatten(0, 1)[used * page : used * page + k.shape[0]] = k
+        v_new.flatten(0, 1)[used * page : used * page + v.shape[0]] = v
+        used += count
+    cu_q = torch.arange(len(rows) + 1, dtype=torch.int32, device=query.device)
+    metadata = get_scheduler_metadata(
+        batch_size=len(rows),
+        max_seqlen_q=1,
+        max_seqlen_k=int(lengths.max()),
+        num_heads_q=query.shape[1],
+        num_heads_kv=kv_heads,
+        headdim=head_dim,
+        cache_seqlens=lengths,
+        qkv_dtype=query.dtype,
+        cu_seqlens_q=cu_q,
+        page_size=page,
+        causal=True,
+        window_size=(-1, -1),
+        num_splits=num_splits,
+    )
+    decoded = torch.empty(len(rows), *query.shape[1:], dtype=query.dtype, device=query.device)
+    flash_attn_varlen_func(
+        q=query[rows].contiguous(),
+        k=k_new,
+        v=v_new,
+        out=decoded,
+        cu_seqlens_q=cu_q,
+        max_seqlen_q=1,
+        seqused_k=lengths,
+        max_seqlen_k=int(lengths.max()),
+        softmax_scale=head_dim**-0.5,
+        causal=True,
+        block_table=table,
+        scheduler_metadata=metadata,
+        fa_version=3,
+        num_splits=num_splits,
+    )
+    out = torch.full_like(query, 7.0)
+    out[rows] = decoded
+    return out
+
+
 def decode_batch_blocks(args, block_n: int) -> int:
     """FA3's key blocks for decoding a random_case batch's fixed rows, each as its own
     one-token request over its path (paths_output with each_row): what its scheduler
