@@ -122,8 +122,9 @@ def test_fa3_rounded_rows_equal_fa3s_decoding(seed, context, shape):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("context", [300, 1100])
+@pytest.mark.parametrize("rows_per_tree", [16, 17])  # the SmolLM2 drafter's 16, budget 16's 17
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_fa3_rounded_rows_equal_vllms_own_decoding(seed, context, shape):
+def test_fa3_rounded_rows_equal_vllms_own_decoding(seed, context, rows_per_tree, shape):
     """The FA3-rounded fix-up against FA3 as vLLM's backend decodes (16-slot pages,
     max_seqlen_q 1, its ahead-of-time scheduler metadata), where the test above takes the
     plugin's own path-request call (one-slot pages, max_seqlen_q 17, no metadata). In the
@@ -143,17 +144,19 @@ def test_fa3_rounded_rows_equal_vllms_own_decoding(seed, context, shape):
         kv_heads=kv_heads,
         head_dim=head_dim,
         max_context=context,
+        max_rows=rows_per_tree,
     )
     fixed = args[-1].bool()
     decode = vllm_decode_output(args)
     assert (decode[~fixed] == 7.0).all() and not (decode[fixed] == 7.0).all()
     paths = paths_output(args, each_row=True, num_splits=FA3_SPLITS)
     got = torch.full_like(args[0], 7.0)
-    kernel = TreeAttention(heads, head_dim, 17, torch.device("cuda"), rounds_as="fa3")
+    kernel = TreeAttention(heads, head_dim, rows_per_tree, torch.device("cuda"), rounds_as="fa3")
     kernel(*args, head_dim**-0.5, got, decode_batch_blocks(args, fa3_block_n(head_dim)))
     shares = {
         name: (rows[fixed] != decode[fixed]).float().mean().item()
         for name, rows in (("fa3", got), ("paths", paths))
     }
-    print(f"{shape} context {context} seed {seed}: elements differing from vLLM's decoding", shares)
+    print(f"{shape} {rows_per_tree} rows, context {context} seed {seed}: elements differing")
+    print(f"from vLLM's decoding: {shares}")
     assert shares["fa3"] < 0.02
