@@ -82,6 +82,21 @@ def test_one_kernel_over_successive_layers(shape):
     assert not kernel.counters.any()
 
 
+def bf16_case(shape: str, seed: int, context: int, rows_per_tree: int = 17) -> tuple:
+    """A bfloat16 random_case batch of the shape's heads on the GPU."""
+    heads, kv_heads, head_dim = SHAPES[shape]
+    return random_case(
+        "cuda",
+        torch.bfloat16,
+        seed,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_context=context,
+        max_rows=rows_per_tree,
+    )
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("context", [300, 1100, 6000])
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -94,16 +109,8 @@ def test_fa3_rounded_rows_equal_fa3s_decoding(seed, context, shape):
 
     from vllm_dominotree.kernels.tree_attention_fa3 import FA3_SPLITS, fa3_block_n
 
-    heads, kv_heads, head_dim = SHAPES[shape]
-    args = random_case(
-        "cuda",
-        torch.bfloat16,
-        seed,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        max_context=context,
-    )
+    heads, _, head_dim = SHAPES[shape]
+    args = bf16_case(shape, seed, context)
     fixed = args[-1].bool()
     assert fixed.any()
     scale = head_dim**-0.5
@@ -135,17 +142,8 @@ def test_fa3_rounded_rows_equal_vllms_own_decoding(seed, context, rows_per_tree,
 
     from vllm_dominotree.kernels.tree_attention_fa3 import FA3_SPLITS, fa3_block_n
 
-    heads, kv_heads, head_dim = SHAPES[shape]
-    args = random_case(
-        "cuda",
-        torch.bfloat16,
-        seed,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        max_context=context,
-        max_rows=rows_per_tree,
-    )
+    heads, _, head_dim = SHAPES[shape]
+    args = bf16_case(shape, seed, context, rows_per_tree)
     fixed = args[-1].bool()
     decode = vllm_decode_output(args)
     assert (decode[~fixed] == 7.0).all() and not (decode[fixed] == 7.0).all()
