@@ -136,8 +136,8 @@ def test_fa3_rounded_rows_equal_vllms_own_decoding(seed, context, rows_per_tree,
     max_seqlen_q 1, its ahead-of-time scheduler metadata), where the test above takes the
     plugin's own path-request call (one-slot pages, max_seqlen_q 17, no metadata). In the
     SmolLM2 engine the fix-up left the target's greedy output on 63 of 100 prompts
-    (2026-12-04) while it matched the path-request call here: this says which call's
-    rounding it lacks. The path requests' share is printed beside it."""
+    (2026-12-04) while it matched the path-request call here; the path requests must
+    match vLLM's decoding bit for bit (one pass's rows round as decoding's)."""
     from tree_attention_check import decode_batch_blocks, paths_output, vllm_decode_output
 
     from vllm_dominotree.kernels.tree_attention_fa3 import FA3_SPLITS, fa3_block_n
@@ -157,4 +157,6 @@ def test_fa3_rounded_rows_equal_vllms_own_decoding(seed, context, rows_per_tree,
     }
     print(f"{shape} {rows_per_tree} rows, context {context} seed {seed}: elements differing")
     print(f"from vLLM's decoding: {shares}")
+    # One pass stands on this: FA3 over path requests is vLLM's decoding, bit for bit.
+    assert shares["paths"] == 0.0
     assert shares["fa3"] < 0.02
