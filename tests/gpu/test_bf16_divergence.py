@@ -190,8 +190,6 @@ NOT_BIT_EXACT = "the FA3-rounded fix-up is not bit-exact to FA3's decoding (63/6
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
-    if pair["name"] == "smollm2" and variant.endswith("fixup-conditional"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=NOT_BIT_EXACT))
     scorer = variant.rpartition("-")[2]
     options, env = VARIANTS[variant]
     config = {
@@ -219,6 +217,9 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
     # No worse: not significantly more prompts than vLLM's DFlash leaves.
     p_value = worse_p_value(len(found), len(baselines["dflash"]), NUM_PROMPTS)
     print(f"{name}: one-sided p against vLLM dflash's {len(baselines['dflash'])}: {p_value:.3f}")
+    if pair["name"] == "smollm2" and variant.endswith("fixup-conditional"):
+        # Only the bar below: the engine and its stats above must hold as for the others.
+        request.applymarker(pytest.mark.xfail(strict=True, reason=NOT_BIT_EXACT))
     # Every divergence a flipped near-tie of the target's: rounding, not a wrong row.
     assert not_near_ties(found) == []
     assert p_value >= SIGNIFICANCE
