@@ -7,9 +7,13 @@ output leaving the target's own far more often than vLLM's DFlash. This measures
 suspected cause in isolation: random trees after random contexts in a paged cache
 (tests' shapes: Qwen3-4B's and SmolLM2-135M's attention), and every row that a branching
 tree's causal pass gets wrong computed these ways:
-- decode: FA3 with the row as a one-token request whose keys are its own prefix,
-  ancestors and itself (pages of one slot): what decoding that path without speculation
-  computes, up to FA3's split count (which its scheduler takes from the whole batch);
+- decode: FA3 called as vLLM's backend decodes (tree_attention_check.vllm_decode_output:
+  the row as a one-token request over its own prefix, ancestors and itself in 16-slot
+  pages, max_seqlen_q 1, vLLM's ahead-of-time scheduler metadata): what decoding that
+  path without speculation computes, up to FA3's split count (which its scheduler takes
+  from the whole batch);
+- path_decode: the same rows as the plugin's one-row path requests (one-slot pages,
+  max_seqlen_q 17, no metadata): the oracle of the kernel tests before 2026-12-04;
 - paths: FA3 over the step's path requests (engine/tree_paths.py,
   DOMINOTREE_CUDA_TREE_ATTENTION=paths); one_pass: the same with every row;
 - fixup: the Triton tree kernel in its fast rounding (kernels/tree_attention.py);
@@ -52,6 +56,7 @@ from tree_attention_check import (  # the tests' cases
     path_tables,
     paths_output,
     random_case,
+    vllm_decode_output,
 )
 
 SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # heads, KV heads, head dim
@@ -129,7 +134,8 @@ def measure(shape: str, context: int, seed: int, requests: int, fa3_models: bool
     every = path_tables(args, each_row=False, every_row=True)  # one pass: all rows
     splits = SPLITS_UNDER_GRAPHS
     outputs = {
-        "decode": paths_output(args, True, ROWS, num_splits=splits),
+        "decode": vllm_decode_output(args, num_splits=splits),
+        "path_decode": paths_output(args, True, ROWS, num_splits=splits),
         "paths": paths_output(args, False, ROWS, tables, num_splits=splits),
         "one_pass": paths_output(args, False, ROWS, every, num_splits=splits, every_row=True),
         "fixup": torch.full_like(query, 7.0),
@@ -237,7 +243,7 @@ def main() -> None:
     for r in results:
         if "fa3_models" in r:  # in the log, the JSON keeps them too
             print(r["shape"], r["context"], r["requests"], "FA3 models != decode:", r["fa3_models"])
-    methods = ("decode", "paths", "one_pass", "fixup", "fixup_fa3", "fa3_reference")
+    methods = ("decode", "path_decode", "paths", "one_pass", "fixup", "fixup_fa3", "fa3_reference")
     rows = [
         [
             r["shape"],
@@ -261,12 +267,14 @@ def main() -> None:
                 "max context",
                 "requests",
                 "fixed rows",
+                "path decode != decode",
                 "paths != decode",
                 "one pass != decode",
                 "fixup != decode",
                 "fixup, FA3's steps != decode",
                 "FA3's steps in torch != decode",
                 "decode mean |err|",
+                "path decode mean |err|",
                 "paths mean |err|",
                 "one pass mean |err|",
                 "fixup mean |err|",
@@ -291,7 +299,8 @@ def main() -> None:
                 f"`{command_line()}`: per case that many requests (the first a plain decode "
                 f"row), random trees of up to {ROWS} rows after random contexts; over the "
                 "rows a causal pass gets wrong, the share of output elements that differ "
-                "from FA3's one-token decoding of the row's own path (all FA3 calls with "
+                "from FA3's one-token decoding of the row's own path as vLLM calls it "
+                "(all FA3 calls with "
                 f"{SPLITS_UNDER_GRAPHS} splits, as under FULL graphs), the mean absolute "
                 "error against the float32 reference, and GPU ms per layer's pass "
                 "(one pass: in place of the stock pass and the paths).",
