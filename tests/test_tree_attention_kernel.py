@@ -62,9 +62,10 @@ print("ok")
 """
 
 # A FULL graph's padding requests (no rows, no keys) take no part in FA3's split rule:
-# the rows come out as without them. The contexts put the step's key blocks at 59 of
-# 60 per multiprocessor, so two blocks more would change every request's split count,
-# which the reference shows first (the check can fail).
+# the rows come out as without them. The contexts give the step 59 key blocks, where
+# FA3's blocks per multiprocessor, ceil(blocks x 1.1 x KV heads / 132), is 1; at 61 (two
+# padding requests counted as a block each) it is 2 and every request's split count
+# changes, which the reference and the kernel show first (the check can fail).
 PADDING = """
 import torch
 from tree_attention_check import random_case
