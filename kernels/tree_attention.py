@@ -25,6 +25,10 @@ bit j - 1 of i's ancestor bits is set; the root and the prefix are visible to al
 
 from __future__ import annotations
 
+import math
+import os
+
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -298,12 +302,26 @@ class TreeAttention:
         self.capacity_rows = capacity_rows
         self.rounds_as = rounds_as
         self.key_tile = TRITON_KEY_TILE if rounds_as == "triton" else FAST_KEY_TILE
-        self.part_acc = torch.empty(capacity_rows, num_heads, head_dim, device=device)
-        self.part_max = torch.empty(capacity_rows, num_heads, device=device)
-        self.part_sum = torch.empty(capacity_rows, num_heads, device=device)
+        if rounds_as == "fa3":  # FA3's partial results: a split's O and log-sum-exp
+            from .tree_attention_fa3 import fa3_partial_rows
+
+            partial_rows = fa3_partial_rows(capacity_rows)
+            self.part_acc = torch.empty(partial_rows, num_heads, head_dim, device=device)
+            self.part_max = torch.empty(partial_rows, num_heads, device=device)
+        else:
+            self.part_acc = torch.empty(capacity_rows, num_heads, head_dim, device=device)
+            self.part_max = torch.empty(capacity_rows, num_heads, device=device)
+            self.part_sum = torch.empty(capacity_rows, num_heads, device=device)
         # Splits finished per (request, KV head), zero between launches (with splits,
         # requests <= rows <= capacity_rows).
         self.counters = torch.zeros(capacity_rows * num_heads, device=device, dtype=torch.int32)
+        # How the FA3-rounded kernel takes FA3's fast math (tree_attention_fa3.py): PTX's
+        # approximate ex2 / rcp / lg2 on the GPU (1; 2 reads `1.f / sum` as div.full);
+        # the interpreter runs no PTX (0: Triton's exp2, IEEE division). Row sums in
+        # FA3's per-thread order, or tl.sum's.
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        self.fa3_math = 0 if interpreted or torch.device(device).type != "cuda" else 1
+        self.fa3_thread_sums = True
         # FA3's scheduler sizes its splits by the GPU's multiprocessors (H200: 132).
         device = torch.device(device)
         self.num_sms = (
@@ -341,6 +359,11 @@ class TreeAttention:
         kv_heads, page = key_cache.shape[2], key_cache.shape[1]
         group = heads // kv_heads
         group_pad = triton.next_power_of_2(group)
+        if self.rounds_as == "fa3":
+            tensors = (query, key_cache, value_cache, block_table, query_start, seq_lens)
+            tensors += (ancestors, needs_fix)
+            self._launch_fa3(tensors, out, scale, group, group_pad, decode_batch_blocks)
+            return
         splits = num_splits_for(
             num_reqs, kv_heads, num_tokens, self.capacity_rows, self.rounds_as == "triton"
         )
@@ -395,24 +418,56 @@ class TreeAttention:
             num_warps=8 if tile >= 128 * 128 or self.rounds_as == "fa3" else 4,
         )
         grid = (num_reqs, kv_heads, splits)
-        if self.rounds_as == "fa3":
-            from .tree_attention_fa3 import FA3_SPLITS, fa3_block_n, tree_rows_attention_fa3
-
-            block_n = fa3_block_n(head_dim)
-            tree_rows_attention_fa3[grid](
-                *common,
-                scale * LOG2E,
-                triton.cdiv(FA3_SPLITS, splits),  # FA3's splits per program
-                self.num_sms,
-                decode_batch_blocks,
-                BLOCK_N=block_n,
-                KEY_TILE=triton.next_power_of_2(block_n),
-                NUM_SPLITS=FA3_SPLITS,
-                **shape,
-            )
-            return
         _tree_rows_attention[grid](
             *common, scale, splits, KEY_TILE=self.key_tile, DIRECT=direct, **shape
+        )
+
+    def _launch_fa3(self, tensors, out, scale, group, group_pad, decode_batch_blocks) -> None:
+        """The FA3-rounded kernel: a program per (request, KV head, FA3 split)."""
+        from .tree_attention_fa3 import FA3_SPLITS, fa3_block_n, tree_rows_attention_fa3
+
+        query, key_cache, value_cache, block_table = tensors[:4]
+        num_reqs, kv_heads = tensors[5].shape[0], key_cache.shape[2]
+        head_dim = query.shape[2]
+        block_n = fa3_block_n(head_dim)
+        # FA3's host side: softmax_scale (a float) times log2(e), stored as a float.
+        scale_log2 = float(np.float32(np.float32(scale) * LOG2E))
+        lse_scale = float(np.float32(scale_log2) * np.float32(math.log(2)))
+        tree_rows_attention_fa3[(num_reqs, kv_heads, FA3_SPLITS)](
+            *tensors,
+            self.part_acc,
+            self.part_max,
+            self.counters,
+            out,
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            value_cache.stride(0),
+            value_cache.stride(1),
+            value_cache.stride(2),
+            block_table.stride(0),
+            out.stride(0),
+            out.stride(1),
+            self.part_acc.stride(0),
+            self.part_acc.stride(1),
+            self.part_max.stride(0),
+            scale_log2,
+            lse_scale,
+            self.num_sms,
+            decode_batch_blocks,
+            GROUP=group,
+            GROUP_PAD=group_pad,
+            HEAD_DIM=head_dim,
+            PAGE=key_cache.shape[1],
+            ROWS=self.rows_per_tree,
+            BLOCK_N=block_n,
+            KEY_TILE=triton.next_power_of_2(block_n),
+            NUM_SPLITS=FA3_SPLITS,
+            MATH=self.fa3_math,
+            THREAD_SUMS=self.fa3_thread_sums,
+            num_warps=8,
         )
 
 

@@ -50,11 +50,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tree_attention import _merge_splits
-
 # vLLM's split bound under FULL graphs (attn_metadata.max_num_splits).
 FA3_SPLITS = 32
-LN2 = tl.constexpr(0.6931471805599453)  # a constexpr: the kernel reads it
+LN2 = 0.6931471805599453
+
+
+def fa3_partial_rows(capacity_rows: int) -> int:
+    """Rows of the splits' partial results for steps of up to capacity_rows rows: each
+    request takes rows x cdiv(its blocks, blocks per multiprocessor), which sums to at
+    most the step's rows plus 17 x 2 x 132 / 1.1 / KV heads (FA3's split rule: the
+    step's blocks, with one more per request for its tree, over the blocks a
+    multiprocessor takes)."""
+    return capacity_rows + 4096
 
 
 def fa3_block_n(head_dim: int) -> int:
@@ -103,21 +110,93 @@ def _load_kv(cache, pos, ok, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _tree_scores(q, cache, tree, in_split, b, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """([M, ROWS] unscaled scores of the tree's keys that block b holds at their decoding
-    positions and each row sees, -inf elsewhere; [ROWS, D] the keys' values); tree:
-    (root position, tree indices, which exist, decoding positions, the rows' ancestor
-    bits). Loaded again where needed: the last block or two of a split only, and so
-    nothing of it stays in registers across the block loop."""
-    start, t, t_ok, t_pos, bits = tree
-    k_tree, v_tree = _load_kv(cache, start + t, t_ok, PAGE)
-    here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
-    # Row i sees the root and tree row j >= 1 where bit j - 1 of its ancestor bits is set.
-    shift = tl.maximum(t - 1, 0).to(tl.int64)
-    seen = (t == 0)[None, :] | (((bits[:, None] >> shift[None, :]) & 1) != 0)
-    seen = seen & (t_ok & here)[None, :] & in_split[:, None]
-    scores = tl.where(seen, tl.dot(q, tl.trans(k_tree)), float("-inf"))
-    return scores, v_tree
+def _ptx(x, op: tl.constexpr):
+    """One PTX float32 instruction `op` on x, elementwise (FA3's fast-math operations)."""
+    return tl.inline_asm_elementwise(
+        op + " $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _exp2(x, MATH: tl.constexpr):
+    """2^x: FA3's exp2f under --use_fast_math is ex2.approx.ftz (MATH >= 1)."""
+    if MATH == 0:
+        return tl.math.exp2(x)
+    else:
+        return _ptx(x, "ex2.approx.ftz.f32")
+
+
+@triton.jit
+def _reciprocal(x, MATH: tl.constexpr):
+    """1 / x as FA3 takes it for its normalizers (0 where x is 0 or NaN, as FA3):
+    rcp.approx.ftz (MATH 1) or div.full.ftz (MATH 2), the two fast-math readings of
+    `1.f / sum`; MATH 0: IEEE division."""
+    if MATH == 0:
+        inv = 1.0 / x
+    elif MATH == 1:
+        inv = _ptx(x, "rcp.approx.ftz.f32")
+    else:
+        inv = tl.inline_asm_elementwise(
+            "div.full.ftz.f32 $0, 0f3F800000, $1;",
+            "=f,f",
+            [x],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    return tl.where((x == 0.0) | (x != x), 0.0, inv)
+
+
+@triton.jit
+def _log(x, MATH: tl.constexpr):
+    """ln x: __logf is lg2.approx.ftz times ln 2 in float32."""
+    if MATH == 0:
+        return tl.log(x)
+    else:
+        return _ptx(x, "lg2.approx.ftz.f32") * 0.6931471805599453
+
+
+@triton.jit
+def _exp(x, MATH: tl.constexpr):
+    """e^x: __expf is ex2.approx.ftz of x times log2(e) in float32."""
+    if MATH == 0:
+        return tl.exp(x)
+    else:
+        return _ptx(x * 1.4426950408889634, "ex2.approx.ftz.f32")
+
+
+@triton.jit
+def _add_thread_sums(parts, rescale, rescale_here, p, M: tl.constexpr, TILE: tl.constexpr):
+    """parts [M, 4] + p [M, TILE] as FA3's threads sum a row: in a wgmma accumulator the
+    thread of quad lane q holds columns 8j + 2q and 8j + 2q + 1, and adds them to its
+    running sum one by one, j ascending. rescale_here: p holds the block's first columns,
+    where FA3's `row_sum *= scale` and its first addition contract to one fma. Column
+    group j is taken out of p by a masked sum, exact (one term is not zero)."""
+    p3 = tl.reshape(p, [M, TILE // 8, 8])
+    groups = tl.arange(0, TILE // 8)
+    for j in range(0, TILE // 8):  # a loop, not unrolled: 32 copies compile for minutes
+        pick = tl.sum(tl.where(groups[None, :, None] == j, p3, 0.0), axis=1)  # [M, 8]
+        even, odd = tl.split(tl.reshape(pick, [M, 4, 2]))
+        first = rescale_here & (j == 0)
+        parts = tl.where(first, tl.fma(parts, rescale[:, None], even), parts + even)
+        parts = parts + odd
+    return parts
+
+
+@triton.jit
+def _quad_sum(parts, M: tl.constexpr):
+    """FA3's quad all-reduce of the four threads' sums: (s0 + s2) + (s1 + s3)."""
+    low, high = tl.split(tl.permute(tl.reshape(parts, [M, 2, 2]), (0, 2, 1)))  # q, q + 2
+    first, second = tl.split(low + high)
+    return first + second
+
+
+@triton.jit
+def _fold_halves(x, M: tl.constexpr, HALF: tl.constexpr):
+    """[M, 2 HALF] -> [M, HALF]: element i plus element i + HALF, one xor-shuffle step
+    of a warp's sum (lane i holding element i)."""
+    low, high = tl.split(tl.permute(tl.reshape(x, [M, 2, HALF]), (0, 2, 1)))
+    return low + high
 
 
 @triton.jit
@@ -138,6 +217,25 @@ def _batch_blocks(QueryStart, SeqLens, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _partial_offset(QueryStart, SeqLens, req, per_sm, BLOCK_N: tl.constexpr, NUM_SPLITS):
+    """First partial-result row of request `req`: the requests before it take rows x
+    (a bound on their splits: cdiv(cdiv(root + rows, BLOCK_N), per_sm), at most
+    NUM_SPLITS) rows each."""
+    total = 0
+    chunk = tl.arange(0, 128)
+    for first in range(0, req, 128):
+        r = first + chunk
+        ok = r < req
+        rows = tl.load(QueryStart + r + 1, mask=ok, other=0) - tl.load(
+            QueryStart + r, mask=ok, other=0
+        )
+        root = tl.load(SeqLens + r, mask=ok, other=0) - rows
+        bound = tl.minimum(tl.cdiv(tl.cdiv(root + rows, BLOCK_N), per_sm), NUM_SPLITS)
+        total += tl.sum(tl.where(ok & (rows > 0), rows * bound, 0), axis=0)
+    return total
+
+
+@triton.jit
 def tree_rows_attention_fa3(
     Q,
     K,
@@ -147,9 +245,8 @@ def tree_rows_attention_fa3(
     SeqLens,
     Ancestors,
     NeedsFix,
-    PartAcc,
-    PartMax,
-    PartSum,
+    PartOut,  # [partial rows, H, D] float32: a split's O (FA3's O_partial)
+    PartLse,  # [partial rows, H] float32: its log-sum-exp
     Counters,
     Out,
     stride_qt,
@@ -163,13 +260,11 @@ def tree_rows_attention_fa3(
     stride_bt,
     stride_ot,
     stride_oh,
-    stride_ps,
     stride_pt,
     stride_ph,
-    stride_ms,
-    stride_mt,
+    stride_lt,
     scale_log2,
-    splits_per_program,
+    lse_scale,  # float32(scale_log2 * float32(ln 2)), FA3's LSE factor
     num_sms,
     batch_blocks,  # the decoding step's key blocks FA3 would schedule; 0: the requests'
     GROUP: tl.constexpr,
@@ -180,14 +275,18 @@ def tree_rows_attention_fa3(
     BLOCK_N: tl.constexpr,
     KEY_TILE: tl.constexpr,  # BLOCK_N rounded up to a power of two
     NUM_SPLITS: tl.constexpr,
+    MATH: tl.constexpr,  # 0: Triton's exp2 / IEEE division (the interpreter); 1, 2: FA3's
+    THREAD_SUMS: tl.constexpr,  # row sums in FA3's per-thread order (else tl.sum)
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
-    program = tl.program_id(2)
+    split = tl.program_id(2)
+    M: tl.constexpr = ROWS * GROUP_PAD
+    WIN: tl.constexpr = 2 * ROWS  # a window of 16-key chunks that holds a tree's keys
     first_row = tl.load(QueryStart + req)
     num_rows = tl.load(QueryStart + req + 1) - first_row
-    # Query tile: (row, head in group) pairs, M = ROWS * GROUP_PAD.
-    m_idx = tl.arange(0, ROWS * GROUP_PAD)
+    # Query tile: (row, head in group) pairs.
+    m_idx = tl.arange(0, M)
     row = m_idx // GROUP_PAD
     group_head = m_idx % GROUP_PAD
     row_ok = row < num_rows
@@ -216,10 +315,8 @@ def tree_rows_attention_fa3(
     splits = tl.maximum(tl.minimum(tl.cdiv(blocks, per_sm), NUM_SPLITS), 1)
     per_split = tl.cdiv(blocks, splits)
     used = tl.max(tl.where(fix, tl.cdiv(blocks, per_split), 0), axis=0)  # FA3 splits
-    first_split = program * splits_per_program
-    if first_split >= used:  # none of this program's splits holds keys: not counted
+    if split >= used:
         return
-    programs_used = tl.cdiv(used, splits_per_program)
     head = kv_head * GROUP + group_head
     m_ok = fix & (group_head < GROUP)
     dims = tl.arange(0, HEAD_DIM)
@@ -230,109 +327,153 @@ def tree_rows_attention_fa3(
     )
     strides = (stride_bt, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh)
     cache = (K, V, BlockTable, req, kv_head, strides, dims)
-    tree = (start, t, t_ok, t_pos, bits)
+    k_tree, _v_tree = _load_kv(cache, start + t, t_ok, PAGE)
+    # Row i sees the root and tree row j >= 1 where bit j - 1 of its ancestor bits is set.
+    shift = tl.maximum(t - 1, 0).to(tl.int64)
+    seen = (t == 0)[None, :] | (((bits[:, None] >> shift[None, :]) & 1) != 0)  # [M, ROWS]
+    seen = seen & t_ok[None, :]
+    tree_scores = tl.dot(q, tl.trans(k_tree))  # [M, ROWS]: each entry as in decoding's S
     offsets = tl.arange(0, KEY_TILE)
-    # One accumulator for all of this program's FA3 splits, kept at the running maximum
-    # `top` over them: a split's P is rounded against its own running maximum (FA3's
-    # steps), and its products P @ V enter the accumulator scaled from that maximum to
-    # `top`. This is FA3's combine of the splits (out = sum_s exp(lse_s) O_s / sum_s
-    # exp(lse_s)) with the float32 sums taken in another order, and needs no second
-    # [rows, head dim] accumulator.
-    top = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
-    total = tl.zeros([ROWS * GROUP_PAD], tl.float32)  # sum_s exp2((max_s - top) c) sum_s
-    acc = tl.zeros([ROWS * GROUP_PAD, HEAD_DIM], tl.float32)
-    for split in range(first_split, tl.minimum(first_split + splits_per_program, used)):
-        lo = split * per_split  # [M]: each row's blocks of this split
-        hi = tl.minimum(lo + per_split, blocks)
-        lo_all = tl.min(tl.where(fix & (lo < hi), lo, 1 << 30), axis=0)
-        hi_all = tl.max(tl.where(fix, hi, 0), axis=0)
-        row_max = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)  # the split's
-        row_sum = tl.zeros([ROWS * GROUP_PAD], tl.float32)
-        for i in range(0, hi_all - lo_all):
-            b = hi_all - 1 - i  # a split's blocks from its last to its first, as FA3
-            in_split = (b >= lo) & (b < hi)  # [M]
-            pos = b * BLOCK_N + offsets
-            key_ok = (offsets < BLOCK_N) & (pos < start)  # the block's prefix keys
-            k, v = _load_kv(cache, pos, key_ok, PAGE)
-            scores = tl.dot(q, tl.trans(k))
-            scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
-            new_max = tl.maximum(row_max, tl.max(scores, 1))
-            # The tree's keys at their decoding positions: in the last block or two only.
-            holds_tree = b * BLOCK_N + BLOCK_N > start
+    w = tl.arange(0, WIN)
+    lo = split * per_split  # [M]: each row's blocks of this split
+    hi = tl.minimum(lo + per_split, blocks)
+    lo_all = tl.min(tl.where(fix & (lo < hi), lo, 1 << 30), axis=0)
+    hi_all = tl.max(tl.where(fix, hi, 0), axis=0)
+    # FA3's state for one split: the running maximum, each quad lane's running row sum
+    # (or the row sum), the output accumulator.
+    row_max = tl.full([M], float("-inf"), tl.float32)
+    parts = tl.zeros([M, 4], tl.float32)
+    row_sum = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, HEAD_DIM], tl.float32)
+    for i in range(0, hi_all - lo_all):
+        b = hi_all - 1 - i  # a split's blocks from its last to its first, as FA3
+        in_split = (b >= lo) & (b < hi)  # [M]
+        pos = b * BLOCK_N + offsets
+        key_ok = (offsets < BLOCK_N) & (pos < start)  # the block's prefix keys
+        k, v = _load_kv(cache, pos, key_ok, PAGE)
+        scores = tl.dot(q, tl.trans(k))
+        scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        # The tree's keys that this block holds at their decoding positions.
+        here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
+        visible = seen & here[None, :] & in_split[:, None]
+        s_tree = tl.where(visible, tree_scores, float("-inf"))
+        new_max = tl.maximum(new_max, tl.max(s_tree, 1))
+        current = tl.where(new_max == float("-inf"), 0.0, new_max)
+        max_scaled = current * scale_log2
+        rescale = _exp2((row_max - current) * scale_log2, MATH)  # 0 before a row's first
+        p = _exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]), MATH)
+        p_tree = _exp2(tl.fma(s_tree, scale_log2, -max_scaled[:, None]), MATH)
+        holds_tree = b * BLOCK_N + BLOCK_N > start
+        # P @ V added into the rescaled accumulator, FA3's MMA: 16-key chunks in order.
+        # Chunks before the tree's window share V; in the window each row takes its own
+        # path's values, a row class (tree row) at a time, the other rows' P zero.
+        acc = acc * rescale[:, None]
+        first_tree = tl.maximum(start - b * BLOCK_N, 0)
+        window = tl.where(holds_tree, (first_tree // 16) * 16, KEY_TILE)
+        if window > 0:
+            acc = tl.dot(tl.where(offsets[None, :] < window, p, 0.0).to(v.dtype), v, acc)
+        p_w = tl.zeros([M, WIN], tl.float32)  # the window's P (decoding's columns)
+        if holds_tree:
+            w_col = window + w  # [WIN] block columns
+            w_pos = b * BLOCK_N + w_col
+            w_in = w_col < BLOCK_N
+            w_prefix = w_in & (w_pos < start)
+            k_w, _v_w = _load_kv(cache, w_pos, w_prefix, PAGE)
+            s_w = tl.dot(q, tl.trans(k_w))
+            s_w = tl.where(in_split[:, None] & w_prefix[None, :], s_w, float("-inf"))
+            p_w = _exp2(tl.fma(s_w, scale_log2, -max_scaled[:, None]), MATH)
+            place_w = (t_pos[:, None] == w_pos[None, :]) & t_ok[:, None] & w_in[None, :]
+            p_w = p_w + tl.dot(p_tree, place_w.to(tl.float32), input_precision="ieee")
+            d_w = w_pos - start  # [WIN] the depth a window column holds
+            for c in range(0, num_rows):
+                c_bits = tl.sum(tl.where(t == c, t_bits, 0), axis=0)
+                c_depth = tl.sum(tl.where(t == c, depth, 0), axis=0)
+                # Its path: tree row u at depth d where u is the root or an ancestor of c.
+                on_path = (t == 0) | (((c_bits >> shift) & 1) != 0)  # [ROWS]
+                hit = on_path[None, :] & t_ok[None, :] & (depth[None, :] == d_w[:, None])
+                u = tl.sum(tl.where(hit, t[None, :], 0), axis=1)  # [WIN]
+                w_tree = w_in & (d_w >= 0) & (d_w <= c_depth)
+                c_pos = tl.where(w_tree, start + u, w_pos)
+                _k_c, v_c = _load_kv(cache, c_pos, w_prefix | w_tree, PAGE)
+                p_c = tl.where((row == c)[:, None], p_w, 0.0)
+                acc = tl.dot(p_c.to(v.dtype), v_c, acc)
+        # The row sum over decoding's columns: the shared ones left of the window, then
+        # the window's (zeros beyond: adding them is exact).
+        p_left = tl.where(offsets[None, :] < window, p, 0.0)
+        if THREAD_SUMS:
+            parts = _add_thread_sums(parts, rescale, window > 0, p_left, M, KEY_TILE)
             if holds_tree:
-                tree_scores, _ = _tree_scores(q, cache, tree, in_split, b, PAGE, BLOCK_N)
-                new_max = tl.maximum(new_max, tl.max(tree_scores, 1))
-            current = tl.where(new_max == float("-inf"), 0.0, new_max)
-            max_scaled = current * scale_log2
-            p = tl.math.exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]))
-            row_sum = row_sum * tl.math.exp2((row_max - current) * scale_log2) + tl.sum(p, 1)
-            products = tl.dot(p.to(v.dtype), v)
+                parts = _add_thread_sums(parts, rescale, window == 0, p_w, M, WIN)
+        else:
+            row_sum = row_sum * rescale + tl.sum(p_left, 1)
             if holds_tree:
-                p_tree, v_tree = _tree_scores(q, cache, tree, in_split, b, PAGE, BLOCK_N)
-                p_tree = tl.math.exp2(tl.fma(p_tree, scale_log2, -max_scaled[:, None]))
-                row_sum += tl.sum(p_tree, 1)
-                products += tl.dot(p_tree.to(v.dtype), v_tree)
-            # A row without keys in this block (not in this split) keeps its scale.
-            has_keys = new_max > float("-inf")
-            new_top = tl.where(has_keys, tl.maximum(top, current), top)
-            shrink = tl.where(new_top == top, 1.0, tl.math.exp2((top - new_top) * scale_log2))
-            grow = tl.where(has_keys, tl.math.exp2((current - new_top) * scale_log2), 0.0)
-            acc = acc * shrink[:, None] + grow[:, None] * products
-            total *= shrink
-            top = new_top
-            row_max = new_max
-        # The split's sum enters at the accumulator's scale (a row without keys: none).
-        total += tl.where(row_sum > 0.0, tl.math.exp2((row_max - top) * scale_log2) * row_sum, 0.0)
-    if programs_used == 1:  # the only program: normalize (as FA3: times 1 / sum) and write
-        out = acc * tl.where(total == 0.0, 0.0, 1.0 / total)[:, None]
+                row_sum += tl.sum(p_w, 1)
+        row_max = new_max
+    if THREAD_SUMS:
+        row_sum = _quad_sum(parts, M)
+    inv = _reciprocal(row_sum, MATH)
+    if used == 1:  # the only split: FA3's epilogue, O * (1 / sum) in the input dtype
         tl.store(
             Out
             + (first_row + row)[:, None] * stride_ot
             + head[:, None] * stride_oh
             + dims[None, :],
-            out.to(Out.dtype.element_ty),
+            (acc * inv[:, None]).to(Out.dtype.element_ty),
             mask=m_ok[:, None],
         )
-    else:  # the partial result at natural-log scale top * scale_log2 * ln 2
-        rows_at = first_row + row
+    else:  # FA3's partial result (O_s, LSE_s), and its combine by the last split to end
+        base = _partial_offset(QueryStart, SeqLens, req, per_sm, BLOCK_N, NUM_SPLITS)
+        mine = base + split * num_rows + row
         tl.store(
-            PartAcc
-            + program * stride_ps
-            + rows_at[:, None] * stride_pt
-            + head[:, None] * stride_ph
-            + dims[None, :],
-            acc,
+            PartOut + mine[:, None] * stride_pt + head[:, None] * stride_ph + dims[None, :],
+            acc * inv[:, None],
             mask=m_ok[:, None],
         )
-        tl.store(
-            PartMax + program * stride_ms + rows_at * stride_mt + head,
-            tl.where(top == float("-inf"), 0.0, top * scale_log2 * LN2),
-            mask=m_ok,
-        )
-        tl.store(PartSum + program * stride_ms + rows_at * stride_mt + head, total, mask=m_ok)
-        # Every thread's stores are issued before the counter's release; the program
-        # that counts last acquires them all and merges the programs' results.
+        lse = tl.fma(row_max, lse_scale, _log(row_sum, MATH))
+        lse = tl.where((row_sum == 0.0) | (row_sum != row_sum), float("-inf"), lse)
+        tl.store(PartLse + mine * stride_lt + head, lse, mask=m_ok)
+        # Every thread's stores are issued before the counter's release; the split that
+        # counts last acquires them all.
         tl.debug_barrier()
         counter = Counters + req * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == programs_used - 1:
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
             tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # for the next launch
-            _merge_splits(
-                PartAcc,
-                PartMax,
-                PartSum,
-                Out,
-                rows_at,
-                head,
-                m_ok,
-                programs_used,
-                stride_ps,
-                stride_pt,
-                stride_ph,
-                stride_ms,
-                stride_mt,
-                stride_ot,
-                stride_oh,
-                HEAD_DIM,
+            lanes = tl.arange(0, NUM_SPLITS)
+            at = base + lanes[None, :] * num_rows + row[:, None]  # [M, NUM_SPLITS]
+            lse_all = tl.load(
+                PartLse + at * stride_lt + head[:, None],
+                mask=m_ok[:, None] & (lanes < used)[None, :],
+                other=float("-inf"),
+            )
+            # FA3's combine (flash_fwd_combine_kernel.h): lane s of a warp holds split s.
+            top = tl.max(lse_all, 1)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            weights = _exp(lse_all - top[:, None], MATH)
+            tl.static_assert(NUM_SPLITS == 32)  # a warp's lanes: five xor-shuffle steps
+            total = _fold_halves(weights, M, 16)
+            total = _fold_halves(_fold_halves(_fold_halves(total, M, 8), M, 4), M, 2)
+            total = tl.reshape(_fold_halves(total, M, 1), [M])
+            weights = weights * _reciprocal(total, MATH)[:, None]
+            out = tl.zeros([M, HEAD_DIM], tl.float32)
+            for s in range(0, used):
+                weight = tl.sum(tl.where(lanes[None, :] == s, weights, 0.0), axis=1)  # [M]
+                o_s = tl.load(
+                    PartOut
+                    + (base + s * num_rows + row)[:, None] * stride_pt
+                    + head[:, None] * stride_ph
+                    + dims[None, :],
+                    mask=m_ok[:, None] & (weight > 0.0)[:, None],
+                    other=0.0,
+                )
+                out = tl.where((weight > 0.0)[:, None], tl.fma(weight[:, None], o_s, out), out)
+            tl.store(
+                Out
+                + (first_row + row)[:, None] * stride_ot
+                + head[:, None] * stride_oh
+                + dims[None, :],
+                out.to(Out.dtype.element_ty),
+                mask=m_ok[:, None],
             )
 
 
@@ -404,7 +545,7 @@ def fa3_decoding_reference(
                     pv = torch.einsum("hl,lhd->hd", p.to(v.dtype).float(), v[keys_b].float())
                     acc = acc * rescale[:, None] + pv
                     row_max = new_max
-                lse = row_max * scale_log2 * LN2.value + torch.log(row_sum)
+                lse = row_max * scale_log2 * LN2 + torch.log(row_sum)
                 results.append((acc * (1.0 / row_sum)[:, None], lse))  # FA3: times 1 / sum
             if len(results) == 1:
                 row_out = results[0][0]

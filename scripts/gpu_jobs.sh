@@ -21,6 +21,8 @@
 #                     `--profile`: each device build's kernels) -> $OUT/builder/
 #   rounding [ARGS]   benchmarks/tree_rounding_bench.py (tree rows' bf16 rounding against
 #                     FA3's decoding, and the fix-up's / paths' GPU time) -> $OUT/rounding/
+#   exactness [ARGS]  benchmarks/fa3_exactness_bench.py (the FA3-rounded fix-up's variants
+#                     against FA3's decoding, bit for bit) -> $OUT/exactness/
 #   probe NAME [ARGS] benchmarks/divergence_probe.py on the SmolLM2 pair (first divergence
 #                     from the target alone, e.g. `probe triton --attention-backend
 #                     TRITON_ATTN --configs conditional conditional-sync`) -> $OUT/probe_NAME/
@@ -220,6 +222,10 @@ $e::test_paths_attention_refused_without_fa3"
   rounding)
     python3 benchmarks/tree_rounding_bench.py --out "$OUT/rounding" "$@" 2>&1 | quiet |
       tee "$OUT/rounding.log"
+    ;;
+  exactness)
+    python3 benchmarks/fa3_exactness_bench.py --out "$OUT/exactness" "$@" 2>&1 | quiet |
+      tee "$OUT/exactness.log"
     ;;
   probe)
     name=$1

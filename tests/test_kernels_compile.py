@@ -104,13 +104,18 @@ def test_the_tree_fixup_compiles(variant, dtype, heads, kv_heads, head_dim):
     assert compiled(kernel, types, constexprs, num_warps=warps).asm["cubin"]
 
 
+# FA3's fast math as PTX (1: `1.f / sum` as rcp.approx, 2: as div.full), row sums in its
+# per-thread order; 0 and tl.sum: what the interpreter runs.
+@pytest.mark.parametrize("math, thread_sums", [(1, True), (2, True), (0, False)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128), (2, 1, 32)])
-def test_the_fa3_rounded_fixup_compiles_within_shared_memory(dtype, heads, kv_heads, head_dim):
+def test_the_fa3_rounded_fixup_compiles_within_shared_memory(
+    math, thread_sums, dtype, heads, kv_heads, head_dim
+):
     types = dict(Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", Out=f"*{dtype}")
     types.update(BlockTable="*i32", QueryStart="*i32", SeqLens="*i32", Counters="*i32")
-    types.update(Ancestors="*i64", NeedsFix="*i64", scale_log2="fp32")
-    types.update(PartAcc="*fp32", PartMax="*fp32", PartSum="*fp32")
+    types.update(Ancestors="*i64", NeedsFix="*i64", scale_log2="fp32", lse_scale="fp32")
+    types.update(PartOut="*fp32", PartLse="*fp32")
     group = heads // kv_heads
     block_n = tree_attention_fa3.fa3_block_n(head_dim)
     constexprs = dict(
@@ -122,6 +127,8 @@ def test_the_fa3_rounded_fixup_compiles_within_shared_memory(dtype, heads, kv_he
         BLOCK_N=block_n,
         KEY_TILE=triton.next_power_of_2(block_n),
         NUM_SPLITS=tree_attention_fa3.FA3_SPLITS,
+        MATH=math,
+        THREAD_SUMS=thread_sums,
     )
     kernel = compiled(tree_attention_fa3.tree_rows_attention_fa3, types, constexprs, num_warps=8)
     assert kernel.asm["cubin"] and kernel.metadata.shared <= H200_SHARED
