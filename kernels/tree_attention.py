@@ -297,8 +297,11 @@ class TreeAttention:
         if rounds_as not in ROUNDINGS:
             raise ValueError(f"rounds_as={rounds_as!r}; use one of {ROUNDINGS}")
         rows = triton.next_power_of_2(rows_per_tree)
-        # The FA3 kernel multiplies by the tree's keys: a dot needs 16 of them at least.
-        self.rows_per_tree = max(16, rows) if rounds_as == "fa3" else rows
+        # The FA3 kernel takes tiles of 32 tree rows at least: with 16 or 8 (SmolLM2's
+        # trees, a 64-row tile) its per-thread row sums came out wrong (SmolLM2 heads) or
+        # read out of bounds (Qwen3-4B heads) on the H200's Triton 3.6, where 32 were
+        # bit-exact to FA3 on the same trees (benchmarks/results/h200_2026-12-04c).
+        self.rows_per_tree = max(32, rows) if rounds_as == "fa3" else rows
         self.capacity_rows = capacity_rows
         self.rounds_as = rounds_as
         self.key_tile = TRITON_KEY_TILE if rounds_as == "triton" else FAST_KEY_TILE
