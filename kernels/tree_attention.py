@@ -325,6 +325,11 @@ class TreeAttention:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         self.fa3_math = 0 if interpreted or torch.device(device).type != "cuda" else 1
         self.fa3_thread_sums = True
+        # Warps per program: 8 keeps its [rows x group, head dim] float32 accumulator and
+        # [rows x group, key block] tiles with the fewest spills found for sm_90 (ptxas:
+        # 4,156 bytes per thread at head dim 128, 13,780 with 4 warps, 2,616 with 16 at
+        # 128 registers); fa3_exactness_bench.py times the others on the GPU.
+        self.fa3_warps = 8
         # FA3's scheduler sizes its splits by the GPU's multiprocessors (H200: 132).
         device = torch.device(device)
         self.num_sms = (
@@ -470,7 +475,7 @@ class TreeAttention:
             NUM_SPLITS=FA3_SPLITS,
             MATH=self.fa3_math,
             THREAD_SUMS=self.fa3_thread_sums,
-            num_warps=8,
+            num_warps=self.fa3_warps,
         )
 
 
