@@ -302,6 +302,10 @@ class TreeAttention:
         # read out of bounds (Qwen3-4B heads) on the H200's Triton 3.6, where 32 were
         # bit-exact to FA3 on the same trees (benchmarks/results/h200_2026-12-04c).
         self.rows_per_tree = max(32, rows) if rounds_as == "fa3" else rows
+        # The FA3 kernel's window of key chunks that holds a tree: sized by the tree's
+        # rows, not the tile's (32 keys for 17 rows where 64 spilled 1.5 KB more per
+        # thread, ptxas for sm_90).
+        self.fa3_window = triton.next_power_of_2(rows_per_tree + 15)
         self.capacity_rows = capacity_rows
         self.rounds_as = rounds_as
         self.key_tile = TRITON_KEY_TILE if rounds_as == "triton" else FAST_KEY_TILE
@@ -432,7 +436,12 @@ class TreeAttention:
 
     def _launch_fa3(self, tensors, out, scale, group, group_pad, decode_batch_blocks) -> None:
         """The FA3-rounded kernel: a program per (request, KV head, FA3 split)."""
-        from .tree_attention_fa3 import FA3_SPLITS, fa3_block_n, tree_rows_attention_fa3
+        from .tree_attention_fa3 import (
+            FA3_KEY_SUB,
+            FA3_SPLITS,
+            fa3_block_n,
+            tree_rows_attention_fa3,
+        )
 
         query, key_cache, value_cache, block_table = tensors[:4]
         num_reqs, kv_heads = tensors[5].shape[0], key_cache.shape[2]
@@ -470,8 +479,9 @@ class TreeAttention:
             HEAD_DIM=head_dim,
             PAGE=key_cache.shape[1],
             ROWS=self.rows_per_tree,
+            WIN=self.fa3_window,
             BLOCK_N=block_n,
-            KEY_TILE=triton.next_power_of_2(block_n),
+            SUB=FA3_KEY_SUB,
             NUM_SPLITS=FA3_SPLITS,
             MATH=self.fa3_math,
             THREAD_SUMS=self.fa3_thread_sums,

@@ -52,6 +52,10 @@ import triton.language as tl
 
 # vLLM's split bound under FULL graphs (attn_metadata.max_num_splits).
 FA3_SPLITS = 32
+# Keys per sub-tile of FA3's key block in the kernel (SUB): ptxas for sm_90 (Triton 3.6)
+# spills 1,680 bytes per thread at head dim 128 with 32 (2,164 with 64), where whole
+# 128-key blocks spilled 2,684 (and 4,156 with a 64-key window, 2026-12-04c).
+FA3_KEY_SUB = 32
 LN2 = 0.6931471805599453
 
 
@@ -192,6 +196,17 @@ def _quad_sum(parts, M: tl.constexpr):
 
 
 @triton.jit
+def _prefix_scores(q, cache, b, cols, start, in_split, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """[M, len(cols)] S of key block b's columns `cols` over the request's prefix keys
+    (-inf elsewhere and for rows whose split does not hold the block)."""
+    pos = b * BLOCK_N + cols
+    prefix = (cols < BLOCK_N) & (pos < start)
+    k, _v = _load_kv(cache, pos, prefix, PAGE)
+    scores = tl.dot(q, tl.trans(k))
+    return tl.where(in_split[:, None] & prefix[None, :], scores, float("-inf"))
+
+
+@triton.jit
 def _fold_halves(x, M: tl.constexpr, HALF: tl.constexpr):
     """[M, 2 HALF] -> [M, HALF]: element i plus element i + HALF, one xor-shuffle step
     of a warp's sum (lane i holding element i)."""
@@ -272,8 +287,14 @@ def tree_rows_attention_fa3(
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
     ROWS: tl.constexpr,
+    # A window of 16-key chunks that holds a tree's keys: next_power_of_2(15 + the most
+    # rows a tree has), as the tree starts anywhere in its first chunk.
+    WIN: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    KEY_TILE: tl.constexpr,  # BLOCK_N rounded up to a power of two
+    # Keys per sub-tile of a key block (a power of two, 16 at least): the block's scores
+    # and P are taken a sub-tile at a time, in column order, which keeps FA3's MMA and
+    # row-sum order (a whole block's [rows, BLOCK_N] tiles spilled registers on sm_90).
+    SUB: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     MATH: tl.constexpr,  # 0: Triton's exp2 / IEEE division (the interpreter); 1, 2: FA3's
     THREAD_SUMS: tl.constexpr,  # row sums in FA3's per-thread order (else tl.sum)
@@ -282,7 +303,6 @@ def tree_rows_attention_fa3(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     M: tl.constexpr = ROWS * GROUP_PAD
-    WIN: tl.constexpr = 2 * ROWS  # a window of 16-key chunks that holds a tree's keys
     first_row = tl.load(QueryStart + req)
     num_rows = tl.load(QueryStart + req + 1) - first_row
     # Query tile: (row, head in group) pairs.
@@ -333,7 +353,7 @@ def tree_rows_attention_fa3(
     seen = (t == 0)[None, :] | (((bits[:, None] >> shift[None, :]) & 1) != 0)  # [M, ROWS]
     seen = seen & t_ok[None, :]
     tree_scores = tl.dot(q, tl.trans(k_tree))  # [M, ROWS]: each entry as in decoding's S
-    offsets = tl.arange(0, KEY_TILE)
+    sub = tl.arange(0, SUB)
     w = tl.arange(0, WIN)
     lo = split * per_split  # [M]: each row's blocks of this split
     hi = tl.minimum(lo + per_split, blocks)
@@ -348,12 +368,11 @@ def tree_rows_attention_fa3(
     for i in range(0, hi_all - lo_all):
         b = hi_all - 1 - i  # a split's blocks from its last to its first, as FA3
         in_split = (b >= lo) & (b < hi)  # [M]
-        pos = b * BLOCK_N + offsets
-        key_ok = (offsets < BLOCK_N) & (pos < start)  # the block's prefix keys
-        k, v = _load_kv(cache, pos, key_ok, PAGE)
-        scores = tl.dot(q, tl.trans(k))
-        scores = tl.where(in_split[:, None] & key_ok[None, :], scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        # The block's maximum over its prefix keys, a sub-tile at a time.
+        new_max = row_max
+        for first in tl.static_range(0, BLOCK_N, SUB):
+            scores = _prefix_scores(q, cache, b, first + sub, start, in_split, BLOCK_N, PAGE)
+            new_max = tl.maximum(new_max, tl.max(scores, 1))
         # The tree's keys that this block holds at their decoding positions.
         here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
         visible = seen & here[None, :] & in_split[:, None]
@@ -362,17 +381,31 @@ def tree_rows_attention_fa3(
         current = tl.where(new_max == float("-inf"), 0.0, new_max)
         max_scaled = current * scale_log2
         rescale = _exp2((row_max - current) * scale_log2, MATH)  # 0 before a row's first
-        p = _exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]), MATH)
         p_tree = _exp2(tl.fma(s_tree, scale_log2, -max_scaled[:, None]), MATH)
         holds_tree = b * BLOCK_N + BLOCK_N > start
         # P @ V added into the rescaled accumulator, FA3's MMA: 16-key chunks in order.
         # Chunks before the tree's window share V; in the window each row takes its own
         # path's values, a row class (tree row) at a time, the other rows' P zero.
+        # The row sum over decoding's columns, likewise: the shared ones left of the
+        # window, then the window's (zeros beyond it: adding them is exact).
         acc = acc * rescale[:, None]
+        if not THREAD_SUMS:
+            row_sum = row_sum * rescale
         first_tree = tl.maximum(start - b * BLOCK_N, 0)
-        window = tl.where(holds_tree, (first_tree // 16) * 16, KEY_TILE)
-        if window > 0:
-            acc = tl.dot(tl.where(offsets[None, :] < window, p, 0.0).to(v.dtype), v, acc)
+        window = tl.where(holds_tree, (first_tree // 16) * 16, BLOCK_N)
+        for first in tl.static_range(0, BLOCK_N, SUB):
+            if first < window:
+                cols = first + sub
+                scores = _prefix_scores(q, cache, b, cols, start, in_split, BLOCK_N, PAGE)
+                p = _exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]), MATH)
+                p = tl.where(cols[None, :] < window, p, 0.0)
+                prefix = (cols < BLOCK_N) & (b * BLOCK_N + cols < start)
+                _k, v = _load_kv(cache, b * BLOCK_N + cols, prefix, PAGE)
+                acc = tl.dot(p.to(v.dtype), v, acc)
+                if THREAD_SUMS:
+                    parts = _add_thread_sums(parts, rescale, first == 0, p, M, SUB)
+                else:
+                    row_sum += tl.sum(p, 1)
         p_w = tl.zeros([M, WIN], tl.float32)  # the window's P (decoding's columns)
         if holds_tree:
             w_col = window + w  # [WIN] block columns
@@ -397,17 +430,10 @@ def tree_rows_attention_fa3(
                 c_pos = tl.where(w_tree, start + u, w_pos)
                 _k_c, v_c = _load_kv(cache, c_pos, w_prefix | w_tree, PAGE)
                 p_c = tl.where((row == c)[:, None], p_w, 0.0)
-                acc = tl.dot(p_c.to(v.dtype), v_c, acc)
-        # The row sum over decoding's columns: the shared ones left of the window, then
-        # the window's (zeros beyond: adding them is exact).
-        p_left = tl.where(offsets[None, :] < window, p, 0.0)
-        if THREAD_SUMS:
-            parts = _add_thread_sums(parts, rescale, window > 0, p_left, M, KEY_TILE)
-            if holds_tree:
+                acc = tl.dot(p_c.to(v_c.dtype), v_c, acc)
+            if THREAD_SUMS:
                 parts = _add_thread_sums(parts, rescale, window == 0, p_w, M, WIN)
-        else:
-            row_sum = row_sum * rescale + tl.sum(p_left, 1)
-            if holds_tree:
+            else:
                 row_sum += tl.sum(p_w, 1)
         row_max = new_max
     if THREAD_SUMS:
