@@ -419,18 +419,22 @@ def tree_rows_attention_fa3(
             place_w = (t_pos[:, None] == w_pos[None, :]) & t_ok[:, None] & w_in[None, :]
             p_w = p_w + tl.dot(p_tree, place_w.to(tl.float32), input_precision="ieee")
             d_w = w_pos - start  # [WIN] the depth a window column holds
+            # Only the rows that are fixed and whose split holds this block: the others'
+            # P is zero here or their output is not kept (a dot of zeros adds nothing).
+            live = (fix & in_split).to(tl.int32)  # [M]
             for c in range(0, num_rows):
-                c_bits = tl.sum(tl.where(t == c, t_bits, 0), axis=0)
-                c_depth = tl.sum(tl.where(t == c, depth, 0), axis=0)
-                # Its path: tree row u at depth d where u is the root or an ancestor of c.
-                on_path = (t == 0) | (((c_bits >> shift) & 1) != 0)  # [ROWS]
-                hit = on_path[None, :] & t_ok[None, :] & (depth[None, :] == d_w[:, None])
-                u = tl.sum(tl.where(hit, t[None, :], 0), axis=1)  # [WIN]
-                w_tree = w_in & (d_w >= 0) & (d_w <= c_depth)
-                c_pos = tl.where(w_tree, start + u, w_pos)
-                _k_c, v_c = _load_kv(cache, c_pos, w_prefix | w_tree, PAGE)
-                p_c = tl.where((row == c)[:, None], p_w, 0.0)
-                acc = tl.dot(p_c.to(v_c.dtype), v_c, acc)
+                if tl.max(tl.where(row == c, live, 0), axis=0) > 0:
+                    c_bits = tl.sum(tl.where(t == c, t_bits, 0), axis=0)
+                    c_depth = tl.sum(tl.where(t == c, depth, 0), axis=0)
+                    # Its path: tree row u at depth d where u is the root or an ancestor.
+                    on_path = (t == 0) | (((c_bits >> shift) & 1) != 0)  # [ROWS]
+                    hit = on_path[None, :] & t_ok[None, :] & (depth[None, :] == d_w[:, None])
+                    u = tl.sum(tl.where(hit, t[None, :], 0), axis=1)  # [WIN]
+                    w_tree = w_in & (d_w >= 0) & (d_w <= c_depth)
+                    c_pos = tl.where(w_tree, start + u, w_pos)
+                    _k_c, v_c = _load_kv(cache, c_pos, w_prefix | w_tree, PAGE)
+                    p_c = tl.where((row == c)[:, None], p_w, 0.0)
+                    acc = tl.dot(p_c.to(v_c.dtype), v_c, acc)
             if THREAD_SUMS:
                 parts = _add_thread_sums(parts, rescale, window == 0, p_w, M, WIN)
             else:
