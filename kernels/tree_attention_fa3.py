@@ -52,9 +52,10 @@ import triton.language as tl
 
 # vLLM's split bound under FULL graphs (attn_metadata.max_num_splits).
 FA3_SPLITS = 32
-# Keys per sub-tile of FA3's key block in the kernel (SUB): ptxas for sm_90 (Triton 3.6)
-# spills 1,680 bytes per thread at head dim 128 with 32 (2,164 with 64), where whole
-# 128-key blocks spilled 2,684 (and 4,156 with a 64-key window, 2026-12-04c).
+# Keys per sub-tile of FA3's key block in the kernel (SUB), taken in a loop that is not
+# unrolled: ptxas for sm_90 (Triton 3.6) spills 724 bytes per thread at head dim 128
+# with 32 (1,440 with 64, 808 with 16), where whole 128-key blocks spilled 2,684 (4,156
+# with a 64-key window and the combine's whole head dim, 2026-12-04c).
 FA3_KEY_SUB = 32
 LN2 = 0.6931471805599453
 
@@ -303,6 +304,7 @@ def tree_rows_attention_fa3(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     M: tl.constexpr = ROWS * GROUP_PAD
+    COMBINE_DIMS: tl.constexpr = 32  # head dims per step of the splits' combine
     first_row = tl.load(QueryStart + req)
     num_rows = tl.load(QueryStart + req + 1) - first_row
     # Query tile: (row, head in group) pairs.
@@ -370,7 +372,7 @@ def tree_rows_attention_fa3(
         in_split = (b >= lo) & (b < hi)  # [M]
         # The block's maximum over its prefix keys, a sub-tile at a time.
         new_max = row_max
-        for first in tl.static_range(0, BLOCK_N, SUB):
+        for first in range(0, BLOCK_N, SUB):
             scores = _prefix_scores(q, cache, b, first + sub, start, in_split, BLOCK_N, PAGE)
             new_max = tl.maximum(new_max, tl.max(scores, 1))
         # The tree's keys that this block holds at their decoding positions.
@@ -393,7 +395,7 @@ def tree_rows_attention_fa3(
             row_sum = row_sum * rescale
         first_tree = tl.maximum(start - b * BLOCK_N, 0)
         window = tl.where(holds_tree, (first_tree // 16) * 16, BLOCK_N)
-        for first in tl.static_range(0, BLOCK_N, SUB):
+        for first in range(0, BLOCK_N, SUB):
             if first < window:
                 cols = first + sub
                 scores = _prefix_scores(q, cache, b, cols, start, in_split, BLOCK_N, PAGE)
@@ -485,26 +487,32 @@ def tree_rows_attention_fa3(
             total = _fold_halves(_fold_halves(_fold_halves(total, M, 8), M, 4), M, 2)
             total = tl.reshape(_fold_halves(total, M, 1), [M])
             weights = weights * _reciprocal(total, MATH)[:, None]
-            out = tl.zeros([M, HEAD_DIM], tl.float32)
-            for s in range(0, used):
-                weight = tl.sum(tl.where(lanes[None, :] == s, weights, 0.0), axis=1)  # [M]
-                o_s = tl.load(
-                    PartOut
-                    + (base + s * num_rows + row)[:, None] * stride_pt
-                    + head[:, None] * stride_ph
-                    + dims[None, :],
-                    mask=m_ok[:, None] & (weight > 0.0)[:, None],
-                    other=0.0,
+            # O = sum over splits of weight x O_s, split by split; a few dims at a time
+            # (each element's sum is its own: whole [rows, head dim] tiles of O and of
+            # their addresses spilled registers on sm_90).
+            tl.static_assert(HEAD_DIM % COMBINE_DIMS == 0)
+            part_dims = tl.arange(0, COMBINE_DIMS)
+            for d in range(0, HEAD_DIM, COMBINE_DIMS):
+                out = tl.zeros([M, COMBINE_DIMS], tl.float32)
+                for s in range(0, used):
+                    weight = tl.sum(tl.where(lanes[None, :] == s, weights, 0.0), axis=1)  # [M]
+                    o_s = tl.load(
+                        PartOut
+                        + (base + s * num_rows + row)[:, None] * stride_pt
+                        + head[:, None] * stride_ph
+                        + (d + part_dims)[None, :],
+                        mask=m_ok[:, None] & (weight > 0.0)[:, None],
+                        other=0.0,
+                    )
+                    out = tl.where((weight > 0.0)[:, None], tl.fma(weight[:, None], o_s, out), out)
+                tl.store(
+                    Out
+                    + (first_row + row)[:, None] * stride_ot
+                    + head[:, None] * stride_oh
+                    + (d + part_dims)[None, :],
+                    out.to(Out.dtype.element_ty),
+                    mask=m_ok[:, None],
                 )
-                out = tl.where((weight > 0.0)[:, None], tl.fma(weight[:, None], o_s, out), out)
-            tl.store(
-                Out
-                + (first_row + row)[:, None] * stride_ot
-                + head[:, None] * stride_oh
-                + dims[None, :],
-                out.to(Out.dtype.element_ty),
-                mask=m_ok[:, None],
-            )
 
 
 def fa3_decoding_reference(
