@@ -15,7 +15,7 @@ kernel with:
   math 0: Triton's exp2 and IEEE division;
 - thread sums: row sums in FA3's per-thread order (each quad lane's columns one by one,
   the four lanes added at the end), or tl.sum's tree;
-- warps per program: 8 (the kernel's), 4 or 16 (ptxas spills 4.2 / 13.8 / 2.6 KB per
+- warps per program: 8 (the kernel's), 4 or 16 (ptxas spills 0.7 / 4.9 / 1.4 KB per
   thread at head dim 128: which is fastest, and do the rows stay exact).
 Every variant adds P @ V into the rescaled accumulator in 16-key chunks with the tree's
 keys in their decoding chunks (FA3's MMA order).

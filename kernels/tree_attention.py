@@ -330,9 +330,9 @@ class TreeAttention:
         self.fa3_math = 0 if interpreted or torch.device(device).type != "cuda" else 1
         self.fa3_thread_sums = True
         # Warps per program: 8 keeps its [rows x group, head dim] float32 accumulator and
-        # [rows x group, key block] tiles with the fewest spills found for sm_90 (ptxas:
-        # 4,156 bytes per thread at head dim 128, 13,780 with 4 warps, 2,616 with 16 at
-        # 128 registers); fa3_exactness_bench.py times the others on the GPU.
+        # [rows x group, key sub-tile] tiles with the fewest spills found for sm_90
+        # (ptxas: 724 bytes per thread at head dim 128, 4,888 with 4 warps, 1,412 with 16
+        # at 128 registers); fa3_exactness_bench.py times the others on the GPU.
         self.fa3_warps = 8
         # FA3's scheduler sizes its splits by the GPU's multiprocessors (H200: 132).
         device = torch.device(device)
