@@ -45,9 +45,9 @@ from vllm_dominotree.kernels.tree_attention import TreeAttention
 from vllm_dominotree.kernels.tree_attention_fa3 import fa3_block_n
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from tree_attention_check import decode_batch_blocks, random_case, vllm_decode_output
+from tree_attention_check import ATTENTION_SHAPES as SHAPES
+from tree_attention_check import bf16_case, decode_batch_blocks, vllm_decode_output
 
-SHAPES = {"smollm2-135m": (9, 3, 64), "qwen3-4b": (32, 8, 128)}  # heads, KV heads, head dim
 VARIANTS = {  # name: (math, thread sums, warps)
     "math1+thread-sums": (1, True, 8),
     "math2+thread-sums": (2, True, 8),
@@ -60,7 +60,7 @@ UNSPLIT_BLOCKS = 10**7  # a decoding step so large that FA3's rule gives every r
 
 
 def measure(shape: str, contexts: list[int], seeds: int, variants: list[str]) -> list[dict]:
-    heads, kv_heads, head_dim = SHAPES[shape]
+    heads, _, head_dim = SHAPES[shape]
     kernels = {}
     for name in variants:
         kernel = TreeAttention(heads, head_dim, 17, torch.device("cuda"), rounds_as="fa3")
@@ -69,15 +69,7 @@ def measure(shape: str, contexts: list[int], seeds: int, variants: list[str]) ->
     found = []
     for context in contexts:
         for seed in range(seeds):
-            args = random_case(
-                "cuda",
-                torch.bfloat16,
-                seed,
-                heads=heads,
-                kv_heads=kv_heads,
-                head_dim=head_dim,
-                max_context=context,
-            )
+            args = bf16_case(shape, seed, context)
             fixed = args[-1].bool()
             modes = {
                 "vLLM's splits": (

@@ -51,15 +51,15 @@ from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention
 from vllm_dominotree.kernels.tree_attention_fa3 import fa3_block_n, fa3_decoding_reference
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from tree_attention_check import ATTENTION_SHAPES as SHAPES
 from tree_attention_check import (  # the tests' cases
+    bf16_case,
     decode_batch_blocks,
     path_tables,
     paths_output,
-    random_case,
     vllm_decode_output,
 )
 
-SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # heads, KV heads, head dim
 ROWS = 17  # budget 16 + the root
 MODEL_LENGTH = 40960  # Qwen3-4B's: the paths pass's max_seqlen_k until 2026-12-03
 SPLITS_UNDER_GRAPHS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph default
@@ -110,21 +110,11 @@ def fa3_model_shares(args, scale: float, decode: torch.Tensor, blocks: int, num_
 def measure(shape: str, context: int, seed: int, requests: int, fa3_models: bool) -> dict:
     from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
 
-    heads, kv_heads, head_dim = SHAPES[shape]
+    heads, _, head_dim = SHAPES[shape]
     # A case whose trees have rows to fix (two requests can draw a single chain: the H200
     # run of 2026-12-02 stopped on one): the next seeds until one has.
     for attempt in range(100):
-        args = random_case(
-            "cuda",
-            torch.bfloat16,
-            seed + 1000 * attempt,
-            requests=requests,
-            heads=heads,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            max_context=context,
-            max_rows=ROWS,
-        )
+        args = bf16_case(shape, seed + 1000 * attempt, context, ROWS, requests=requests)
         if args[-1].any():
             break
     query, needs_fix = args[0], args[-1]

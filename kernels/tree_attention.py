@@ -277,6 +277,19 @@ def num_splits_for(
 ROUNDINGS = ("fast", "triton", "fa3")
 
 
+def _io_strides(query, key_cache, value_cache, block_table, out) -> tuple[int, ...]:
+    """The strides both kernels take after their tensors: query [T, H, D] (token, head),
+    the key and value caches [blocks, page, KV heads, D] (block, slot, head), the block
+    table (request), out [T, H, D] (token, head)."""
+    return (
+        *query.stride()[:2],
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
+        block_table.stride(0),
+        *out.stride()[:2],
+    )
+
+
 class TreeAttention:
     """The kernels with their partial-result buffers, allocated once per geometry (the
     addresses a captured graph keeps)."""
@@ -399,17 +412,7 @@ class TreeAttention:
             part_sum,
             self.counters,
             out,
-            query.stride(0),
-            query.stride(1),
-            key_cache.stride(0),
-            key_cache.stride(1),
-            key_cache.stride(2),
-            value_cache.stride(0),
-            value_cache.stride(1),
-            value_cache.stride(2),
-            block_table.stride(0),
-            out.stride(0),
-            out.stride(1),
+            *_io_strides(query, key_cache, value_cache, block_table, out),
             part_acc.stride(0),
             part_acc.stride(1),
             part_acc.stride(2),
@@ -424,10 +427,8 @@ class TreeAttention:
             PAGE=page,
             ROWS=self.rows_per_tree,
             # A [rows x group, head dim] float32 accumulator: 8 warps keep a 128 x 128
-            # one in registers (4 spill it); FA3's steps keep [rows x group, 128 or more
-            # keys] tiles beside it, which spill 10 times less with 8 warps at head dim 64
-            # (ptxas for sm_90: 332 against 3112 bytes).
-            num_warps=8 if tile >= 128 * 128 or self.rounds_as == "fa3" else 4,
+            # one in registers (4 spill it).
+            num_warps=8 if tile >= 128 * 128 else 4,
         )
         grid = (num_reqs, kv_heads, splits)
         _tree_rows_attention[grid](
@@ -456,17 +457,7 @@ class TreeAttention:
             self.part_max,
             self.counters,
             out,
-            query.stride(0),
-            query.stride(1),
-            key_cache.stride(0),
-            key_cache.stride(1),
-            key_cache.stride(2),
-            value_cache.stride(0),
-            value_cache.stride(1),
-            value_cache.stride(2),
-            block_table.stride(0),
-            out.stride(0),
-            out.stride(1),
+            *_io_strides(query, key_cache, value_cache, block_table, out),
             self.part_acc.stride(0),
             self.part_acc.stride(1),
             self.part_max.stride(0),

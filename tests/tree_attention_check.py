@@ -9,6 +9,10 @@ import torch
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
 from vllm_dominotree.tree.ancestry import tree_bits
 
+# (heads, KV heads, head dim) of the real targets' attention: Qwen3-4B's, and SmolLM2-135M's
+# (a group of 3, padded to 4 in the kernels' query tiles).
+ATTENTION_SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}
+
 
 def random_case(
     device,
@@ -65,6 +69,22 @@ def random_case(
         on(torch.tensor(seq_lens, dtype=torch.int32)),
         on(ancestors),
         on(needs_fix),
+    )
+
+
+def bf16_case(shape: str, seed: int, context: int, rows_per_tree: int = 17, **kw) -> tuple:
+    """A bfloat16 random_case batch with an ATTENTION_SHAPES shape's heads on the GPU."""
+    heads, kv_heads, head_dim = ATTENTION_SHAPES[shape]
+    return random_case(
+        "cuda",
+        torch.bfloat16,
+        seed,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_context=context,
+        max_rows=rows_per_tree,
+        **kw,
     )
 
 

@@ -9,13 +9,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from tree_attention_check import max_error, random_case
+from tree_attention_check import ATTENTION_SHAPES as SHAPES
+from tree_attention_check import bf16_case, max_error, random_case
 
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
 
-# (heads, KV heads, head dim): Qwen3-4B's, and SmolLM2-135M's (a group of 3, padded to 4
-# in the kernel's query tile; 4 warps where Qwen's takes 8).
-SHAPES = {"qwen3-4b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}
 # float32 inputs multiply at Triton's default precision, TF32 (10-bit mantissa), as vLLM's
 # Triton attention does: errors against the IEEE reference reach 2.6e-3 on the H200
 # (2026-12-03); a wrong mask, split or merge gives errors of order 0.1 and more.
@@ -80,21 +78,6 @@ def test_one_kernel_over_successive_layers(shape):
         print(f"{shape} layer {layer}: max error {error:.2e} over {int(fixed.sum())} rows")
         assert error < FLOAT32_TOLERANCE, layer
     assert not kernel.counters.any()
-
-
-def bf16_case(shape: str, seed: int, context: int, rows_per_tree: int = 17) -> tuple:
-    """A bfloat16 random_case batch of the shape's heads on the GPU."""
-    heads, kv_heads, head_dim = SHAPES[shape]
-    return random_case(
-        "cuda",
-        torch.bfloat16,
-        seed,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        max_context=context,
-        max_rows=rows_per_tree,
-    )
 
 
 @pytest.mark.parametrize("seed", range(4))

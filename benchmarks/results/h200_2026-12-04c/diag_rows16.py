@@ -13,29 +13,25 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-SHAPES = {"smollm2-135m": (9, 3, 64), "qwen3-4b": (32, 8, 128)}  # heads, KV heads, head dim
+SHAPES = ("smollm2-135m", "qwen3-4b")
 
 
 def child(shape, data_rows, kernel_rows, context, seed, math_, ts, bb, decode_only) -> str:
     import torch
 
     sys.path.insert(0, "tests")
-    from tree_attention_check import decode_batch_blocks, random_case, vllm_decode_output
+    from tree_attention_check import (
+        ATTENTION_SHAPES,
+        bf16_case,
+        decode_batch_blocks,
+        vllm_decode_output,
+    )
 
     from vllm_dominotree.kernels.tree_attention import TreeAttention
     from vllm_dominotree.kernels.tree_attention_fa3 import fa3_block_n
 
-    heads, kv_heads, head_dim = SHAPES[shape]
-    args = random_case(
-        "cuda",
-        torch.bfloat16,
-        seed,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        max_context=context,
-        max_rows=data_rows,
-    )
+    heads, _, head_dim = ATTENTION_SHAPES[shape]
+    args = bf16_case(shape, seed, context, data_rows)
     fixed = args[-1].bool()
     decode = vllm_decode_output(args)
     torch.cuda.synchronize()
