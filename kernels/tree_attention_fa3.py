@@ -199,12 +199,13 @@ def _quad_sum(parts, M: tl.constexpr):
 @triton.jit
 def _prefix_scores(q, cache, b, cols, start, in_split, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
     """[M, len(cols)] S of key block b's columns `cols` over the request's prefix keys
-    (-inf elsewhere and for rows whose split does not hold the block)."""
+    (-inf elsewhere and for rows whose split does not hold the block), and which of the
+    columns are prefix keys."""
     pos = b * BLOCK_N + cols
     prefix = (cols < BLOCK_N) & (pos < start)
     k, _v = _load_kv(cache, pos, prefix, PAGE)
     scores = tl.dot(q, tl.trans(k))
-    return tl.where(in_split[:, None] & prefix[None, :], scores, float("-inf"))
+    return tl.where(in_split[:, None] & prefix[None, :], scores, float("-inf")), prefix
 
 
 @triton.jit
@@ -373,7 +374,7 @@ def tree_rows_attention_fa3(
         # The block's maximum over its prefix keys, a sub-tile at a time.
         new_max = row_max
         for first in range(0, BLOCK_N, SUB):
-            scores = _prefix_scores(q, cache, b, first + sub, start, in_split, BLOCK_N, PAGE)
+            scores, _ = _prefix_scores(q, cache, b, first + sub, start, in_split, BLOCK_N, PAGE)
             new_max = tl.maximum(new_max, tl.max(scores, 1))
         # The tree's keys that this block holds at their decoding positions.
         here = (t_pos >= b * BLOCK_N) & (t_pos < b * BLOCK_N + BLOCK_N)
@@ -398,10 +399,9 @@ def tree_rows_attention_fa3(
         for first in range(0, BLOCK_N, SUB):
             if first < window:
                 cols = first + sub
-                scores = _prefix_scores(q, cache, b, cols, start, in_split, BLOCK_N, PAGE)
+                scores, prefix = _prefix_scores(q, cache, b, cols, start, in_split, BLOCK_N, PAGE)
                 p = _exp2(tl.fma(scores, scale_log2, -max_scaled[:, None]), MATH)
                 p = tl.where(cols[None, :] < window, p, 0.0)
-                prefix = (cols < BLOCK_N) & (b * BLOCK_N + cols < start)
                 _k, v = _load_kv(cache, b * BLOCK_N + cols, prefix, PAGE)
                 acc = tl.dot(p.to(v.dtype), v, acc)
                 if THREAD_SUMS:
