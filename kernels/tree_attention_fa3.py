@@ -22,27 +22,34 @@ takes for every row FA3's steps for that row's decoding:
   P = exp2(S * scale_log2 - max * scale_log2) (one FMA); the row sum from the float32
   P; P rounded to the input dtype before P @ V (float32 accumulation). The step taken
   is one decoding row per request of this step (or the blocks a caller names).
-- FA3 finalizes a split as O_s = acc_s * (1 / sum_s), lse_s = max_s * scale_log2 * ln 2
-  + log(sum_s), and combines the splits as out = sum_s exp(lse_s - lse_sum) O_s; that is
-  sum_s exp2(max_s * scale_log2) acc_s / sum_s exp2(max_s * scale_log2) sum_s, which this
-  kernel accumulates (one split: exactly FA3's acc * (1 / sum)).
+- Arithmetic in FA3's order: P @ V added into the rescaled accumulator 16 keys at a
+  time in column order, the tree's keys in their decoding chunks (in the window of
+  chunks that holds the tree each row takes its own path's values: a dot per tree row,
+  the other rows' P zero); row sums per quad lane over columns 8j + 2q, 8j + 2q + 1
+  with each block's rescale fused into its first element, then (s0 + s2) + (s1 + s3);
+  FA3's fast math as PTX (ex2 / rcp / lg2 .approx.ftz; the interpreter runs Triton's
+  own, MATH 0).
+- FA3 finalizes a split as O_s = acc_s * (1 / sum_s) and lse_s = max_s * scale_log2 *
+  ln 2 + log(sum_s), and combines the splits with weights exp(lse_s - max) summed in a
+  warp's xor-shuffle order (lane s: split s): out = sum_s weight_s O_s, split by split.
+  One split: FA3's acc * (1 / sum) in the input dtype.
 
 The facts are from FA3's Hopper code as vLLM builds it (vllm-project/flash-attention,
 hopper/: tile_size.h, flash_api.cpp, flash_prepare_scheduler.cu, block.h, softmax.h,
-mainloop_fwd_sm90_tma_gmma_ws.hpp, flash_fwd_combine_kernel.h; --use_fast_math). What
-cannot be matched: the decoding step FA3 scheduled (the target alone decodes beside
-other requests at other positions: this kernel takes this step's requests, one row each);
-the order of float32 sums (row sums, the products inside a block, the merge), about an
-ulp. benchmarks/tree_rounding_bench.py measures how often the rows differ from FA3's own
-decoding on the GPU; tests/test_tree_attention_kernel.py holds the kernel to
-fa3_decoding_reference below.
+mainloop_fwd_sm90_tma_gmma_ws.hpp, flash_fwd_combine_kernel.h; --use_fast_math). On the
+H200 (2026-12-04c) the rows equal FA3's decoding call bit for bit in every case of
+tests/gpu/test_tree_attention_kernel.py and benchmarks/fa3_exactness_bench.py. What it
+cannot know: the decoding step FA3 scheduled (the target alone decodes beside other
+requests at other positions: this kernel takes this step's requests, one row each, or
+the blocks a caller names). tests/test_tree_attention_kernel.py holds it to
+fa3_decoding_reference below on the CPU.
 
 Layout and step description as tree_attention.py: key_cache / value_cache as [block,
 slot, kv head, head dim], the batch's query_start / seq_lens / block table, per-row
 ancestor bits (bit j - 1: tree row j >= 1 is an ancestor or the row itself) and needs_fix.
-Programs: one per (request, KV head, program split), each taking a run of FA3's splits
-into one accumulator; the programs' results merge as the fix-up's do
-(tree_attention._merge_splits), by the last program to finish, in the same launch.
+Programs: one per (request, KV head, FA3 split); a split's O and LSE go to the partial
+buffers, and the last of a (request, KV head)'s splits to finish combines them, in the
+same launch.
 """
 
 from __future__ import annotations
