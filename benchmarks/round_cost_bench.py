@@ -317,6 +317,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row["async_scheduling"] = stats.get("async_scheduling", False)
                 row["graph_drafts"] = stats.get("graph_drafts", 0)  # query passes replayed
                 row["prepared_in_build"] = stats.get("prepared_in_build", 0)
+                # One pass runs an FA3 request per root-to-leaf path: its cost grows
+                # with the leaves (random drafters grow bushy trees).
+                row["mean_leaves"] = stats.get("mean_leaves", "")
                 # How the engine really built and verified the trees.
                 check_variant_ran(method, environment, stats)
                 row |= {stat: stats.get(stat, "") for stat in VARIANT_STATS.values()}

@@ -21,8 +21,6 @@
 #                     `--profile`: each device build's kernels) -> $OUT/builder/
 #   rounding [ARGS]   benchmarks/tree_rounding_bench.py (tree rows' bf16 rounding against
 #                     FA3's decoding, and the fix-up's / paths' GPU time) -> $OUT/rounding/
-#   topk [ARGS]       benchmarks/topk_bench.py (the build's vocabulary top-k: one torch.topk
-#                     against chunk by chunk) -> $OUT/topk/
 #   exactness [ARGS]  benchmarks/fa3_exactness_bench.py (the FA3-rounded fix-up's variants
 #                     against FA3's decoding, bit for bit) -> $OUT/exactness/
 #   probe NAME [ARGS] benchmarks/divergence_probe.py on the SmolLM2 pair (first divergence
@@ -225,9 +223,6 @@ $e::test_paths_attention_refused_without_fa3"
     python3 benchmarks/tree_rounding_bench.py --out "$OUT/rounding" "$@" 2>&1 | quiet |
       tee "$OUT/rounding.log"
     ;;
-  topk)
-    python3 benchmarks/topk_bench.py --out "$OUT/topk" "$@" 2>&1 | quiet | tee "$OUT/topk.log"
-    ;;
   exactness)
     python3 benchmarks/fa3_exactness_bench.py --out "$OUT/exactness" "$@" 2>&1 | quiet |
       tee "$OUT/exactness.log"
@@ -274,7 +269,7 @@ $e::test_paths_attention_refused_without_fa3"
     xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
     ;;
   *)
-    echo "unknown job '$job': tests, round-cost, topk, exactness, round-cost-before, builder, rounding, probe, before," \
+    echo "unknown job '$job': tests, round-cost, exactness, round-cost-before, builder, rounding, probe, before," \
       "train MINUTES," \
       "harness, data, serve PAIR, parallel 'JOB ARGS' ..., suite, bf16-variant ID" >&2
     exit 2

@@ -13,7 +13,7 @@ from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.drafter.checkpoint import write_checkpoint
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 from vllm_dominotree.tree.ancestry import TOKEN
-from vllm_dominotree.tree.scorers import top_by_rank, top_k_in_chunks
+from vllm_dominotree.tree.scorers import top_by_rank
 
 V, K = 40, 5
 
@@ -339,22 +339,6 @@ def test_top_by_rank_is_topk_with_ties_in_index_order():
     tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0]])
     values, index = top_by_rank(tied, 4)
     assert index.tolist() == [[1, 2, 4, 5]] and values.tolist() == [[3.0, 3.0, 3.0, 2.0]]
-
-
-@pytest.mark.parametrize("vocab", [151936, 49152, 1000, 100])
-def test_top_k_in_chunks_gives_topks_values(vocab):
-    """Chunk by chunk, then over the chunks' best (a last partial chunk included): the
-    values of one torch.topk, in its order, with indices that hold them."""
-    gen = torch.Generator().manual_seed(vocab)
-    logits = torch.randn(5, vocab, generator=gen).mul(3).bfloat16()  # bf16: many ties
-    logits[1, -3] = 100.0  # the best of a row in the last partial chunk
-    values, index = top_k_in_chunks(logits, 64 if vocab > 64 else 16, 2048)
-    want = logits.topk(values.shape[1], dim=-1)
-    assert torch.equal(values, want.values)
-    assert torch.equal(logits.gather(1, index), values)
-    assert all(len(set(row)) == len(row) for row in index.tolist())  # no column twice
-    if vocab == 151936:
-        assert index[1, 0] == vocab - 3
 
 
 @pytest.mark.parametrize("kind", ["conditional", "marginal"])

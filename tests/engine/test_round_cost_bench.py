@@ -73,6 +73,8 @@ def test_round_cost_bench_runs_every_method(tmp_path):
         if base in ("chain", "marginal", "conditional"):
             assert r["async_scheduling"] is False and r["graph_drafts"] == 0  # CPU
             assert r["prepared_in_build"] == 0
+            # a chain has one leaf; trees at least one (a tree may be a chain)
+            assert r["mean_leaves"] == 1 if base == "chain" else r["mean_leaves"] >= 1, r
             # What the engine ran, as its stats name it: no variant passes unseen.
             assert r["tree_attention"] == "cpu"
             assert r["scorer_step"] == ("table" if base == "marginal" else "torch"), r

@@ -46,7 +46,6 @@ def compiled(fn, device: torch.device):
 
 
 RANKED_WIDTH = 256  # candidate widths whose top-C is taken by counting ranks
-VOCAB_TOPK_CHUNK = 2048  # columns per first-stage top-k over the vocabulary
 
 
 def top_by_rank(values: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,34 +61,6 @@ def top_by_rank(values: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
     slots = torch.arange(count, device=values.device)
     picked = ((rank[:, None, :] == slots[None, :, None]) * index).sum(-1)  # [p, count]
     return values.gather(1, picked), picked
-
-
-def top_k_in_chunks(logits: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest of logits [N, V] and their indices [N, k], best first: the top-k of
-    each `chunk` columns, then the top-k of those. The same values as one torch.topk
-    over V (the k largest are each among their chunk's k largest); equal values may come
-    with other indices. On CUDA one topk over a wide row runs a multi-block radix select
-    (benchmarks/topk_bench.py times both)."""
-    n, v = logits.shape
-    whole = v // chunk * chunk
-    if whole // chunk < 2 or chunk < k:
-        return logits.topk(k, dim=-1)
-    # [N, V // chunk, chunk] is a view of the first `whole` columns (rows keep stride V).
-    values, index = logits[:, :whole].unflatten(1, (-1, chunk)).topk(k, dim=-1)
-    index = index + torch.arange(0, whole, chunk, device=logits.device)[:, None]
-    values, index = values.flatten(1), index.flatten(1)  # [N, V // chunk * k]
-    if whole < v:  # the last partial chunk, whole
-        tail = torch.arange(whole, v, device=logits.device).expand(n, -1)
-        values = torch.cat([values, logits[:, whole:]], 1)
-        index = torch.cat([index, tail], 1)
-    best, at = values.topk(k, dim=-1)
-    return best, index.gather(1, at)
-
-
-def vocab_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k of [R, K, V] drafter logits over the vocabulary -> [R, K, k] twice."""
-    values, index = top_k_in_chunks(logits.flatten(0, 1), k, VOCAB_TOPK_CHUNK)
-    return values.unflatten(0, logits.shape[:2]), index.unflatten(0, logits.shape[:2])
 
 
 def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
@@ -123,7 +94,7 @@ class MarginalScorer:
         self.step_rows = padded_rows(n, self.max_requests)
         # log p = logit - log Z: the top-C of the logits themselves, so no float32 copy
         # of the [R, K, V] logits is made (on CUDA the normalizer is one fused reduction).
-        values, tokens = vocab_top_k(base_logits, self.max_children)
+        values, tokens = base_logits.topk(self.max_children, -1)
         log_z = self._log_normalizer(base_logits)
         self.logprobs[:n] = values.float() - log_z[..., None]  # float32 -> float64 exact
         self.tokens[:n] = tokens
@@ -221,7 +192,7 @@ class ConditionalScorer:
         self.step_rows = padded_rows(n, self.max_requests)
         self.hid_part[:n] = hidden.to(self.hid_part.dtype) @ self.w_hid.T
         if self.restricted:
-            values, cand = vocab_top_k(base_logits, self.width)
+            values, cand = base_logits.topk(self.width, dim=-1)
             self.base[:n] = values
             self.cand[:n] = cand
             self.proj_rows[:n] = self.head.proj_out[cand]
