@@ -1,0 +1,33 @@
+"""vLLM's Model Runner V2 runs on this CPU (tests/engine/v2_on_cpu.py), the ground the
+V2 port's tests stand on: the toy target decodes the same greedy tokens on V1 and V2,
+and vLLM's own DFlash on V2 gives them too, with drafts accepted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def run_engine(runner: str, target: str, **options) -> dict:
+    command = [sys.executable, str(HERE / "v2_on_cpu.py"), runner, target, json.dumps(options)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def test_v2_runner_decodes_as_v1_with_and_without_dflash(pair_dirs):
+    v1 = run_engine("v1", pair_dirs["target"])
+    v2 = run_engine("v2", pair_dirs["target"])
+    dflash = {"method": "dflash", "model": pair_dirs["dflash"], "num_speculative_tokens": 7}
+    v2_dflash = run_engine("v2", pair_dirs["target"], speculative_config=dflash)
+    assert v1["runner"].startswith("vllm.v1.worker.cpu_model_runner.")
+    for run in (v2, v2_dflash):
+        assert run["runner"] == "vllm.v1.worker.cpu.model_runner.CPUModelRunner", run["runner"]
+    assert v2["tokens"] == v1["tokens"]
+    assert v2_dflash["tokens"] == v1["tokens"]
+    assert v2_dflash["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0

@@ -1,0 +1,66 @@
+"""vLLM's Model Runner V2 on this CPU, for the V2 port's tests (docs/v2-runner-port.md).
+
+vLLM's CPU build runs V2 only beside a Triton with a CPU backend (triton-cpu, which PyPI
+does not have), because V2 prepares every step's inputs with Triton kernels. Here those
+kernels run in Triton's interpreter instead: `enable()` sets TRITON_INTERPRET=1, gives
+Triton's backends a stand-in "cpu" entry (vLLM's import-time check, vllm/triton_utils/
+importing.py, wants one; nothing compiles through it) and keeps the engine core in this
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the stand-in lives in this process only). It
+must run before vLLM is imported, so each engine runs in a process of its own:
+
+    python tests/engine/v2_on_cpu.py RUNNER TARGET '{"speculative_config": ...}'
+
+RUNNER is v1 or v2 (VLLM_USE_V2_MODEL_RUNNER). It prints one JSON line: the runner's
+class, the greedy tokens of the engine tests' prompts and vLLM's spec-decode counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+
+
+def enable() -> None:
+    """Triton's interpreter in place of a Triton CPU backend, the engine core in process."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if "vllm" in sys.modules:
+        raise RuntimeError("v2_on_cpu.enable() must run before vLLM is imported")
+    from triton.backends import backends
+
+    driver = types.SimpleNamespace(is_active=lambda: True)
+    backends.setdefault("cpu", types.SimpleNamespace(driver=driver, compiler=None))
+
+
+def main() -> None:
+    runner, target, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = {"v1": "0", "v2": "1"}[runner]
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    enable()
+    from conftest import MAX_MODEL_LEN, PROMPTS, greedy, spec_metrics
+    from vllm import LLM
+
+    llm = LLM(
+        model=target,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=False,
+        skip_tokenizer_init=True,
+        **options,
+    )
+    model_runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    result = {
+        "runner": f"{type(model_runner).__module__}.{type(model_runner).__name__}",
+        "tokens": greedy(llm, PROMPTS, max_tokens=24),
+        "spec": spec_metrics(llm),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
+    main()
