@@ -27,6 +27,8 @@ from .conftest import PROMPTS, dominotree, greedy, make_llm
         ({"candidates": "many"}, "candidates must be a positive integer"),
         ({"num_speculative_tokens": 9}, "contradicts the tree's node budget 16"),
         ({"spine": "yes"}, "spine must be true or false"),
+        ({"model_runner": "v3"}, "model_runner 'v3' is unknown"),
+        ({"model_runner": "v2"}, "model_runner 'v2' runs the chain scorer only so far"),
     ],
 )
 def test_bad_options(pair_dirs, options, message):

@@ -31,3 +31,25 @@ def test_v2_runner_decodes_as_v1_with_and_without_dflash(pair_dirs):
     assert v2["tokens"] == v1["tokens"]
     assert v2_dflash["tokens"] == v1["tokens"]
     assert v2_dflash["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
+
+
+def test_chain_on_the_v2_runner_drafts_and_accepts_as_on_v1(pair_dirs):
+    """The plugin's chain on vLLM's V2 runner (model_runner "v2": vLLM's DFlash speculator
+    drafting Domino's chain, vLLM's own verification) gives the target's greedy tokens
+    and accepts, position by position, exactly what the V1 tree runner's chain accepts:
+    the same drafts (the V1 runner's chain is Domino's decoder: tests/engine/test_generate.py)."""
+    chain = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": "chain"}
+    target = pair_dirs["target"]
+    v1 = run_engine("v1", target, speculative_config=chain)
+    v2 = run_engine("v2", target, speculative_config={**chain, "model_runner": "v2"})
+    plain = run_engine("v1", target)
+    assert v2["runner"] == "vllm_dominotree.engine.cpu_worker.DominoTreeCPUModelRunnerV2"
+    assert v1["runner"] == "vllm_dominotree.engine.cpu_worker.DominoTreeCPUModelRunner"
+    assert v2["tokens"] == v1["tokens"] == plain["tokens"]
+    for key in (
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+    ):
+        assert v2["spec"][key] == v1["spec"][key], key
+    assert v2["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0

@@ -35,3 +35,17 @@ class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
                     yield name, tensor
 
         return super().load_weights(backbone_only())
+
+    def full_vocab_embedding(self, vocab: int) -> torch.Tensor:
+        """The target's embedding table over the whole vocabulary, [V, H]: the scorers
+        embed drafted tokens of any id. Under tensor parallelism vLLM keeps one vocab
+        shard per rank, so the shards are gathered once here (a copy of the table per
+        rank; the alternative, vLLM's parallel lookup, costs a collective per pop)."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+        from vllm.distributed.communication_op import tensor_model_parallel_all_gather
+
+        table = self.model.embed_tokens.weight
+        if get_tensor_model_parallel_world_size() == 1:
+            return table
+        # Shards split the padded vocabulary evenly; the real ids come first.
+        return tensor_model_parallel_all_gather(table.contiguous(), dim=0)[:vocab]

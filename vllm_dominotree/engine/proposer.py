@@ -77,7 +77,7 @@ class DominoTreeProposer(DFlashProposer):
         self.scorer = make_scorer(
             self.options.scorer,
             head,
-            self._full_embedding(),
+            self.model.full_vocab_embedding(self.vllm_config.model_config.get_vocab_size()),
             shape=self.shape,
             candidates=self.options.candidates,
             prefix_len=self.spec.pure_draft_prefix_len,
@@ -162,21 +162,6 @@ class DominoTreeProposer(DFlashProposer):
             self.builder.counts.eager_builds += 1
             self.builder.store(build_trees(self.scorer, anchors.tolist(), self.shape))
         self.times.mark(self.times.BUILT)
-
-    def _full_embedding(self) -> torch.Tensor:
-        """The target's embedding table over the whole vocabulary, [V, H]: the builder
-        embeds drafted tokens of any id. Under tensor parallelism vLLM keeps one vocab
-        shard per rank, so the shards are gathered once here (a copy of the table per
-        rank; the alternative, vLLM's parallel lookup, costs a collective per pop)."""
-        from vllm.distributed import get_tensor_model_parallel_world_size
-        from vllm.distributed.communication_op import tensor_model_parallel_all_gather
-
-        table = self.model.model.embed_tokens.weight
-        if get_tensor_model_parallel_world_size() == 1:
-            return table
-        # Shards split the padded vocabulary evenly; the real ids come first.
-        full = tensor_model_parallel_all_gather(table.contiguous(), dim=0)
-        return full[: self.vllm_config.model_config.get_vocab_size()]
 
     @torch.inference_mode()
     def propose(

@@ -11,11 +11,12 @@ names each one depends on:
   `ChatCompletionRequest`, `ResponsesRequest`.
 - metrics_snapshot (process 0): `LLM.get_metrics()` lists the plugin's figures too.
   `LLMEngine.get_metrics`, `vllm.v1.metrics.reader` (Counter, Histogram).
-- model_runner_choice (every process): a DominoTree engine runs the V1 model runner.
-  `VllmConfig.use_v2_model_runner`.
-- worker_classes (DominoTree workers): the runner class the CPU worker builds and the
-  proposer class the runner builds. `cpu_worker.CPUModelRunner`,
-  `gpu_model_runner.DFlashProposer`.
+- model_runner_choice (every process): a DominoTree engine runs the model runner its
+  `model_runner` option names (V1 by default). `VllmConfig.use_v2_model_runner`.
+- worker_classes (DominoTree workers): the runner class the CPU worker builds, the
+  proposer class the V1 runner builds and the speculator the V2 runner builds.
+  `cpu_worker.CPUModelRunner`, `cpu.model_runner.CPUModelRunner`,
+  `gpu_model_runner.DFlashProposer`, `gpu.model_runner.init_speculator`.
 - worker_registrations (DominoTree workers): `DFlashDraftModel` also loads Domino's
   weights; the attention backends gain tree verification. `ModelRegistry.register_model`,
   `attention.backends.registry.register_backend` (CPU_ATTN, FLASH_ATTN, TRITON_ATTN).
@@ -32,7 +33,10 @@ relies on FlashAttention's `forward_includes_kv_cache_update = False`; the propo
 (engine/proposer.py) subclasses `DFlashProposer`; its query-pass graphs
 (engine/draft_graphs.py) read the DFlash proposer's `input_ids`, `_slot_mapping_buffer`,
 `_get_positions`, `_get_slot_mapping`, `build_per_group_and_layer_attn_metadata`,
-`kv_cache_gid` and the runner's `input_batch.block_table`.
+`kv_cache_gid` and the runner's `input_batch.block_table`. On the V2 runner
+(engine/v2_runner.py) the speculator (engine/v2_speculator.py) subclasses
+`DFlashSpeculator` and overrides `_generate_draft` (reading `_run_model`,
+`num_query_per_req`, `input_buffers.input_ids`, `draft_tokens`, `draft_logits`).
 
 `apply_frontend_patches()` is called from the plugin entry point in every process (it is
 cheap and idempotent); it refuses a vLLM version the plugin was not built for. The

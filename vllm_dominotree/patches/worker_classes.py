@@ -1,13 +1,16 @@
-"""Patch (scoped): the classes vLLM's worker and runner construct by name.
+"""Patch (scoped): the classes vLLM's worker and runners construct by name.
 
-Why: `CPUWorker.init_device` builds `CPUModelRunner` and the V1 runner builds
-`DFlashProposer` for method "dflash", both by module-level name with no hook.
+Why: `CPUWorker.init_device` builds `CPUModelRunner` (V1) or `cpu.model_runner.
+CPUModelRunner` (V2), the V1 runner builds `DFlashProposer` for method "dflash" and the
+V2 runner builds its speculator with `init_speculator`, all by module-level name with
+no hook.
 How: while the DominoTree CPU worker initialises its device (engine/cpu_worker.py) and
-while the tree runner initialises (engine/runner.py), those module attributes point at
-the DominoTree classes (passed in: patches/ imports nothing of engine/); they are
-restored right after, so nothing else in the process sees the change.
+while the tree runner or the V2 runner initialises (engine/runner.py,
+engine/v2_runner.py), those module attributes point at the DominoTree classes (passed
+in: patches/ imports nothing of engine/); they are restored right after, so nothing
+else in the process sees the change.
 Removal: when vLLM gives CPUWorker a `_make_model_runner` hook (the CUDA Worker has one)
-and the runner a proposer factory.
+and the runners a proposer / speculator factory.
 """
 
 from __future__ import annotations
@@ -30,6 +33,24 @@ def cpu_worker_builds(runner_cls):
     import vllm.v1.worker.cpu_worker as cpu_worker
 
     return _swapped(cpu_worker, "CPUModelRunner", runner_cls)
+
+
+def cpu_worker_builds_v2(runner_cls):
+    """`CPUWorker.init_device` builds `runner_cls` instead of the V2 `CPUModelRunner`."""
+    import vllm.v1.worker.cpu.model_runner as cpu_model_runner_v2
+
+    return _swapped(cpu_model_runner_v2, "CPUModelRunner", runner_cls)
+
+
+def v2_runner_builds_speculator(speculator_cls):
+    """The V2 runner's `__init__` builds `speculator_cls(vllm_config, device)` as its
+    speculator (it imports `init_speculator` by name)."""
+    import vllm.v1.worker.gpu.model_runner as model_runner_v2
+
+    def init_speculator(vllm_config, device, req_states):
+        return speculator_cls(vllm_config, device)
+
+    return _swapped(model_runner_v2, "init_speculator", init_speculator)
 
 
 def runner_builds_proposer(proposer_cls):
