@@ -2,7 +2,7 @@
 and plain decoding, on random weights of a real shape.
 
     python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
-        [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain marginal conditional] \\
+        [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain chain-v2 marginal conditional] \\
         [--tokens 64] [--repeats 3] [--enforce-eager] [--no-split]
 
 A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with vLLM's
@@ -39,7 +39,9 @@ time over each method's round time: a projection, not a measurement.
 
 Every method runs in its own Python process with vLLM's defaults (the V2 runner and its
 graph modes for `ar` and `dflash`; `dflash-v1` is vLLM's DFlash on its V1 runner, which
-the plugin extends), so nothing one engine sets can reach another. Writes
+the plugin extends; `chain-v2` is the plugin's chain on vLLM's V2 runner, option
+model_runner "v2", measured like vLLM's own methods: its runner keeps no stage clock),
+so nothing one engine sets can reach another. Writes
 round_cost.json and round_cost.md under --out after every method, over every method
 whose rows are in --out (rows-METHOD.json, each with the command that made it): calls
 with other --methods and the same --out add to one table (a device call of 9 minutes
@@ -149,6 +151,7 @@ PAPER_TAU = {
     "dflash-v1": ("DFlash", 6.25),
     "marginal": ("DDTree (16)", 7.03),
     "chain": ("Domino", 7.17),
+    "chain-v2": ("Domino", 7.17),
     "conditional": ("DominoTree (16)", 7.98),
 }
 
@@ -211,6 +214,13 @@ def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
             "method": "dflash",
             "model": dirs["dflash"],
             "num_speculative_tokens": BLOCK_SIZE - 1,
+        }
+    if method == "chain-v2":  # CUDA only: vLLM's V2 runner needs Triton
+        return {
+            "method": "dominotree",
+            "model": dirs["domino"],
+            "scorer": "chain",
+            "model_runner": "v2",
         }
     # Budget 16 on every device (the CPU's default is smaller): the paper's tree.
     return {"method": "dominotree", "model": dirs["domino"], "scorer": method, "budget": 16}
