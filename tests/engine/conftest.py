@@ -143,26 +143,52 @@ def target_law(target_dir: str, prefixes: list[tuple[int, ...]], params) -> dict
     return law
 
 
-def assert_sampled_law(llm, target_dir: str, requests: int = 600) -> None:
-    """Seeded requests of 3 tokens through the trees: for each position, the counts of
-    the sampled tokens must match the sum over requests of the target's exact law given
-    that request's own prefix."""
+SAMPLED_PROMPT = [5, 9, 12]
+SAMPLED_PARAMS = (0.9, 12, 0.95)  # temperature, top-k, top-p of the sampled-law tests
+
+
+def sampled_runs(llm, requests: int, law=SAMPLED_PARAMS) -> list[list[int]]:
+    """`requests` seeded requests of 3 sampled tokens after SAMPLED_PROMPT (law:
+    temperature, top-k, top-p): each run's prompt and tokens."""
     from vllm import SamplingParams
 
-    from vllm_dominotree.tree import SamplingParams as TreeParams
-
-    prompt = [5, 9, 12]
+    temperature, top_k, top_p = law
     params = [
-        SamplingParams(temperature=0.9, top_k=12, top_p=0.95, max_tokens=3, seed=s, ignore_eos=True)
+        SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_tokens=3,
+            seed=s,
+            ignore_eos=True,
+        )
         for s in range(requests)
     ]
-    before = tree_stats(llm)["trees"]
-    outputs = llm.generate([{"prompt_token_ids": prompt}] * requests, params, use_tqdm=False)
-    assert tree_stats(llm)["trees"] > before, "the sampled run did not use trees"
-    runs = [tuple(prompt) + tuple(o.outputs[0].token_ids) for o in outputs]
-    prefixes = {r[: len(prompt) + i] for r in runs for i in range(3)}
-    law = target_law(target_dir, sorted(prefixes), TreeParams(0.9, 12, 0.95))
-    for i in range(len(prompt), len(prompt) + 3):
+    prompts = [{"prompt_token_ids": SAMPLED_PROMPT}] * requests
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [SAMPLED_PROMPT + list(o.outputs[0].token_ids) for o in outputs]
+
+
+def assert_runs_follow_the_target(
+    runs: list[list[int]], target_dir: str, law=SAMPLED_PARAMS
+) -> None:
+    """For each sampled position, the counts of the sampled tokens must match the sum over
+    runs of the target's exact law given that run's own prefix."""
+    from vllm_dominotree.tree import SamplingParams as TreeParams
+
+    start = len(SAMPLED_PROMPT)
+    runs = [tuple(r) for r in runs]
+    prefixes = {r[: start + i] for r in runs for i in range(3)}
+    target = target_law(target_dir, sorted(prefixes), TreeParams(*law))
+    for i in range(start, start + 3):
         observed = torch.bincount(torch.tensor([r[i] for r in runs]), minlength=64).double()
-        expected = sum(law[r[:i]] for r in runs)
+        expected = sum(target[r[:i]] for r in runs)
         assert pooled_chi2_pvalue(observed, expected) > 1e-3
+
+
+def assert_sampled_law(llm, target_dir: str, requests: int = 600) -> None:
+    """Seeded requests of 3 tokens through the trees follow the target's law."""
+    before = tree_stats(llm)["trees"]
+    runs = sampled_runs(llm, requests)
+    assert tree_stats(llm)["trees"] > before, "the sampled run did not use trees"
+    assert_runs_follow_the_target(runs, target_dir)

@@ -9,11 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .conftest import assert_runs_follow_the_target
+from .v2_on_cpu import SAMPLED_LAW
+
 HERE = Path(__file__).parent
 
 
-def run_engine(runner: str, target: str, **options) -> dict:
+def run_engine(runner: str, target: str, sampled: int = 0, **options) -> dict:
     command = [sys.executable, str(HERE / "v2_on_cpu.py"), runner, target, json.dumps(options)]
+    command += [str(sampled)] if sampled else []
     run = subprocess.run(command, capture_output=True, text=True, timeout=900)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-3000:]
@@ -53,3 +57,15 @@ def test_chain_on_the_v2_runner_drafts_and_accepts_as_on_v1(pair_dirs):
     ):
         assert v2["spec"][key] == v1["spec"][key], key
     assert v2["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
+
+
+def test_sampled_chain_on_the_v2_runner_follows_the_target(pair_dirs):
+    """Seeded sampled requests through the V2 runner's chain (deterministic drafts, so
+    vLLM's rejection sampler accepts a draft with the target's probability of it) follow
+    the target's own law, drafts accepted."""
+    chain = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": "chain"}
+    run = run_engine(
+        "v2", pair_dirs["target"], sampled=600, speculative_config={**chain, "model_runner": "v2"}
+    )
+    assert run["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert_runs_follow_the_target(run["tokens"], pair_dirs["target"], SAMPLED_LAW)

@@ -8,10 +8,12 @@ importing.py, wants one; nothing compiles through it) and keeps the engine core 
 process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the stand-in lives in this process only). It
 must run before vLLM is imported, so each engine runs in a process of its own:
 
-    python tests/engine/v2_on_cpu.py RUNNER TARGET '{"speculative_config": ...}'
+    python tests/engine/v2_on_cpu.py RUNNER TARGET '{"speculative_config": ...}' [SAMPLED]
 
 RUNNER is v1 or v2 (VLLM_USE_V2_MODEL_RUNNER). It prints one JSON line: the runner's
-class, the greedy tokens of the engine tests' prompts and vLLM's spec-decode counters.
+class, the greedy tokens of the engine tests' prompts (or with SAMPLED, that many
+seeded requests of conftest.SAMPLED_PROMPT sampled with SAMPLED_LAW) and vLLM's
+spec-decode counters.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import json
 import os
 import sys
 import types
+
+# Temperature only: V2's top-k / top-p kernel (topk_topp_triton.py) fails in Triton's
+# interpreter ("'int' object has no attribute 'to'").
+SAMPLED_LAW = (0.9, 0, 1.0)
 
 
 def enable() -> None:
@@ -39,7 +45,7 @@ def main() -> None:
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = {"v1": "0", "v2": "1"}[runner]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     enable()
-    from conftest import MAX_MODEL_LEN, PROMPTS, greedy, spec_metrics
+    from conftest import MAX_MODEL_LEN, greedy, sampled_runs, spec_metrics
     from vllm import LLM
 
     llm = LLM(
@@ -55,7 +61,9 @@ def main() -> None:
     model_runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     result = {
         "runner": f"{type(model_runner).__module__}.{type(model_runner).__name__}",
-        "tokens": greedy(llm, PROMPTS, max_tokens=24),
+        "tokens": sampled_runs(llm, int(sys.argv[4]), SAMPLED_LAW)
+        if len(sys.argv) > 4
+        else greedy(llm),
         "spec": spec_metrics(llm),
     }
     print("RESULT " + json.dumps(result), flush=True)
