@@ -39,7 +39,8 @@ def run_engine(
     **engine,
 ) -> tuple:
     """One engine over the prompts: their output tokens, and the plugin's stats when the
-    engine speculates with it; with `margins` (params asking for logprobs >= 2) also, per
+    engine speculates with its tree runner (vLLM's spec-decode counters with any other
+    speculative config); with `margins` (params asking for logprobs >= 2) also, per
     prompt and output position, (the top token's log-prob lead over the runner-up, the
     runner-up). env: variables for the engine's processes (spawned with it); engine:
     LLM's arguments (engine_memory's among them)."""
@@ -62,8 +63,16 @@ def run_engine(
         )
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    plugin = (speculative_config or {}).get("method") == "dominotree"
-    stats = llm.collective_rpc("dominotree_stats")[0] if plugin else None
+    config = speculative_config or {}
+    stats = None
+    if config.get("method") == "dominotree" and config.get("model_runner", "v1") == "v1":
+        stats = llm.collective_rpc("dominotree_stats")[0]
+    elif config:  # vLLM's own methods and the V2 runner (no tree stats): vLLM's counters
+        stats = {
+            m.name: getattr(m, "value", None) or getattr(m, "values", None)
+            for m in llm.get_metrics()
+            if m.name.startswith("vllm:spec_decode")
+        }
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()

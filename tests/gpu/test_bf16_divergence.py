@@ -91,7 +91,8 @@ def pair(request, tmp_path_factory):
 
 
 def generate(pair: dict, speculative_config, margins: bool = False, **engine):
-    """(tokens per prompt, the plugin's stats or None[, margins: run_engine's])."""
+    """(tokens per prompt, the plugin's stats, vLLM's spec-decode counters or None
+    [, margins: run_engine's])."""
     from vllm import SamplingParams
 
     params = SamplingParams(

@@ -98,6 +98,21 @@ def test_greedy_equals_no_speculation_under_full_graphs(default_runs, expected, 
         assert stats["mean_leaves"] > 2
 
 
+def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected):
+    """The chain on vLLM's V2 runner (model_runner "v2"): vLLM's DFlash speculator
+    drafting Domino's chain inside its FULL graph, vLLM's own verification."""
+    config = {
+        "method": "dominotree",
+        "model": str(dirs[1]),
+        "scorer": "chain",
+        "model_runner": "v2",
+    }
+    tokens, counters = generate(dirs, config)
+    print("chain-v2", counters)
+    assert tokens == expected[: len(PROMPTS)]
+    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
+
+
 def test_mixed_prefill_and_trees_piecewise(dirs, expected):
     """Also the synchronous scheduling path on CUDA (the user's async_scheduling=False)."""
     config = {"method": "dominotree", "model": str(dirs[1])}
