@@ -151,7 +151,7 @@ $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
 $e::test_paths_attention_refused_without_fa3"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[chain] $e::test_greedy_eager"
-        "tests $e::test_mixed_prefill_and_trees_piecewise"
+        "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_chain_on_the_v2_runner_equals_no_speculation"
         "tests $e::test_seeded_sampling_is_the_same_with_and_without_async_scheduling"
         "tests $s::test_greedy_float32_equals_the_target_alone[conditional]"
         "tests $s::test_greedy_float32_equals_the_target_alone[chain]"
