@@ -102,8 +102,8 @@ class DominoTreeConfig:
     # contains the chain (see tree/builder.py). Costs depth's worth of budget.
     spine: bool = False
     # vLLM's model runner: "v1" (the tree runner) or "v2" (vLLM's default runner, whose
-    # host work per step is a fraction of V1's; so far with the chain scorer only, the
-    # trees' port is docs/v2-runner-port.md).
+    # host work per step is a fraction of V1's; trees there run on CPU only so far:
+    # docs/v2-runner-port.md).
     model_runner: str = "v1"
 
     def __post_init__(self) -> None:
@@ -125,12 +125,6 @@ class DominoTreeConfig:
             raise DominoTreeConfigError(
                 f"model_runner {self.model_runner!r} is unknown; choose one of "
                 f"{', '.join(MODEL_RUNNERS)}"
-            )
-        if self.model_runner == "v2" and self.scorer != "chain":
-            raise DominoTreeConfigError(
-                f"model_runner 'v2' runs the chain scorer only so far, not {self.scorer!r} "
-                "(tree verification on vLLM's V2 runner is not built yet: "
-                "docs/v2-runner-port.md); use scorer 'chain' or model_runner 'v1'"
             )
         if not isinstance(self.spine, bool):
             raise DominoTreeConfigError(f"spine must be true or false, got {self.spine!r}")

@@ -49,6 +49,12 @@ def translate(
         chosen.setdefault("budget", CPU_BUDGET)
     config = DominoTreeConfig.from_dict(chosen)
     config.check_drafter(spec)
+    if config.model_runner == "v2" and config.scorer != "chain" and not on_cpu:
+        raise DominoTreeConfigError(
+            f"model_runner 'v2' verifies trees (scorer {config.scorer!r}) on CPU only so far "
+            "(on CUDA the V2 runner's FULL graphs need the device builder and the tree "
+            "attention ported: docs/v2-runner-port.md); use scorer 'chain' or model_runner 'v1'"
+        )
     shape = config.tree_shape(spec.num_drafts)
     # The drafter's query block (anchor + masks, block_size slots) is written into the
     # slots vLLM reserves for drafting: num_speculative_tokens + 1 of them.

@@ -28,7 +28,6 @@ from .conftest import PROMPTS, dominotree, greedy, make_llm
         ({"num_speculative_tokens": 9}, "contradicts the tree's node budget 16"),
         ({"spine": "yes"}, "spine must be true or false"),
         ({"model_runner": "v3"}, "model_runner 'v3' is unknown"),
-        ({"model_runner": "v2"}, "model_runner 'v2' runs the chain scorer only so far"),
     ],
 )
 def test_bad_options(pair_dirs, options, message):
@@ -43,6 +42,16 @@ def test_a_budget_below_the_block_is_cpu_only(pair_dirs):
     assert translate(config, on_cpu=True)[0]["num_speculative_tokens"] == 7  # the block
     with pytest.raises(DominoTreeConfigError, match="only the CPU engine supports"):
         translate(config, on_cpu=False)
+
+
+def test_trees_on_the_v2_runner_are_cpu_only(pair_dirs):
+    """The chain runs on V2 everywhere; trees there on CPU only (test_v2_on_cpu.py)."""
+    trees = dominotree(pair_dirs, model_runner="v2")
+    assert translate(trees, on_cpu=True)[1]["model_runner"] == "v2"
+    with pytest.raises(DominoTreeConfigError, match="verifies trees .* on CPU only so far"):
+        translate(trees, on_cpu=False)
+    chain = dominotree(pair_dirs, model_runner="v2", scorer="chain")
+    assert translate(chain, on_cpu=False)[1]["model_runner"] == "v2"
 
 
 def test_the_default_budget_is_per_device(pair_dirs):

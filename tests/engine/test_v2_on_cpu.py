@@ -1,6 +1,7 @@
-"""vLLM's Model Runner V2 runs on this CPU (tests/engine/v2_on_cpu.py), the ground the
-V2 port's tests stand on: the toy target decodes the same greedy tokens on V1 and V2,
-and vLLM's own DFlash on V2 gives them too, with drafts accepted."""
+"""The plugin on vLLM's Model Runner V2 (option model_runner "v2"), on this CPU
+(tests/engine/v2_on_cpu.py: each engine in a process of its own): V2 itself decodes as
+V1, with and without vLLM's DFlash; the plugin's chain and trees on V2 accept exactly
+what the V1 tree runner accepts and give the target's tokens, greedy and sampled."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from .conftest import assert_runs_follow_the_target
 from .v2_on_cpu import SAMPLED_LAW
@@ -37,16 +40,21 @@ def test_v2_runner_decodes_as_v1_with_and_without_dflash(pair_dirs):
     assert v2_dflash["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
-def test_chain_on_the_v2_runner_drafts_and_accepts_as_on_v1(pair_dirs):
-    """The plugin's chain on vLLM's V2 runner (model_runner "v2": vLLM's DFlash speculator
-    drafting Domino's chain, vLLM's own verification) gives the target's greedy tokens
-    and accepts, position by position, exactly what the V1 tree runner's chain accepts:
-    the same drafts (the V1 runner's chain is Domino's decoder: tests/engine/test_generate.py)."""
-    chain = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": "chain"}
+@pytest.fixture(scope="module")
+def plain(pair_dirs):
+    return run_engine("v1", pair_dirs["target"])
+
+
+@pytest.mark.parametrize("scorer", ["chain", "conditional", "marginal"])
+def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, scorer):
+    """The plugin on vLLM's V2 runner (model_runner "v2": vLLM's DFlash speculator drafting
+    Domino's chain or trees; the chain verified by vLLM's own sampler, trees by the tree
+    steps at V2's hooks) gives the target's greedy tokens and accepts, position by
+    position, exactly what the V1 tree runner accepts: the same drafts, the same paths."""
+    config = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": scorer, "budget": 16}
     target = pair_dirs["target"]
-    v1 = run_engine("v1", target, speculative_config=chain)
-    v2 = run_engine("v2", target, speculative_config={**chain, "model_runner": "v2"})
-    plain = run_engine("v1", target)
+    v1 = run_engine("v1", target, speculative_config=config)
+    v2 = run_engine("v2", target, speculative_config={**config, "model_runner": "v2"})
     assert v2["runner"] == "vllm_dominotree.engine.cpu_worker.DominoTreeCPUModelRunnerV2"
     assert v1["runner"] == "vllm_dominotree.engine.cpu_worker.DominoTreeCPUModelRunner"
     assert v2["tokens"] == v1["tokens"] == plain["tokens"]
@@ -59,13 +67,19 @@ def test_chain_on_the_v2_runner_drafts_and_accepts_as_on_v1(pair_dirs):
     assert v2["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
-def test_sampled_chain_on_the_v2_runner_follows_the_target(pair_dirs):
-    """Seeded sampled requests through the V2 runner's chain (deterministic drafts, so
-    vLLM's rejection sampler accepts a draft with the target's probability of it) follow
-    the target's own law, drafts accepted."""
-    chain = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": "chain"}
-    run = run_engine(
-        "v2", pair_dirs["target"], sampled=600, speculative_config={**chain, "model_runner": "v2"}
-    )
+@pytest.mark.parametrize("scorer", ["chain", "conditional"])
+def test_sampled_requests_on_the_v2_runner_follow_the_target(pair_dirs, scorer):
+    """Seeded sampled requests through the V2 runner follow the target's own law, drafts
+    accepted: the chain's through vLLM's rejection sampler (deterministic drafts: a draft
+    x is accepted with the target's probability of x), the trees' through the tree
+    acceptance (the target's token drawn at every row)."""
+    config = {
+        "method": "dominotree",
+        "model": pair_dirs["drafter"],
+        "scorer": scorer,
+        "budget": 16,
+        "model_runner": "v2",
+    }
+    run = run_engine("v2", pair_dirs["target"], sampled=600, speculative_config=config)
     assert run["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
     assert_runs_follow_the_target(run["tokens"], pair_dirs["target"], SAMPLED_LAW)

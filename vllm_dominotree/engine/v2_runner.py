@@ -4,28 +4,183 @@ vLLM's V2 runner keeps every request's state on the device and prepares a step w
 few Triton kernels, where the V1 runner that the tree runner (runner.py) extends
 rebuilds a host-side batch each step: on the H200 that host work paced the plugin's
 batch-1 round (docs/v2-runner-port.md). This mixin gives the V2 runner the plugin's
-speculator (v2_speculator.py); verification, acceptance and the KV cache stay vLLM's
-own, which is exact for a chain. Tree verification on V2 (the path's positions, the
-tree attention, the tree rejection sampler, the accepted path's K/V moved) is the rest
-of the port.
+speculator (v2_speculator.py). The chain is verified by vLLM's own sampler (exact for a
+chain). Trees (CPU only so far) take the tree runner's steps, at V2's hooks:
+1. prepare (`prepare_attn`, after vLLM's slot mappings from linear positions): the
+   step's trees described (tree_step.py; the tables by request-state slot) and the tree
+   rows' positions moved to root + depth;
+2. verify: the target's forward, the attention backends reading the description;
+3. accept (`rejection_sampler`, v2_sampler.py): the target's token drawn at every row,
+   the longest accepted path per tree, its K/V moved to rows 1..k; vLLM's V2 bookkeeping
+   then keeps 1 + k rows per request, as for a chain;
+4. commit (the speculator's `commit`, before it drafts): the drafter's context rows
+   reordered, root and path first (commit.py);
+5. propose: the speculator's trees, filed by request-state slot.
 """
 
 from __future__ import annotations
 
+import torch
+from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
 from ..patches.worker_classes import v2_runner_builds_speculator
-from .v2_speculator import DominoChainSpeculator
+from .acceptance import Accepted, accept_trees, draw_targets
+from .commit import CpuPathKVMover, drafter_rows_first
+from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
+from .v2_sampler import TreeRejectionSampler, step_law
+from .v2_speculator import DominoTreeSpeculator
 
 
 class DominoTreeV2RunnerMixin:
     """Mixed into vLLM's V2 GPUModelRunner / CPUModelRunner (gpu_worker.py, cpu_worker.py)."""
 
     def __init__(self, vllm_config, device):
-        with v2_runner_builds_speculator(DominoChainSpeculator):
+        with v2_runner_builds_speculator(DominoTreeSpeculator):
             super().__init__(vllm_config, device)
-        assert isinstance(self.speculator, DominoChainSpeculator), "see patches/worker_classes.py"
+        assert isinstance(self.speculator, DominoTreeSpeculator), "see patches/worker_classes.py"
+        self._trees = not self.speculator.chain
+        self._step: TreeStep | None = None
+        self._accepted: Accepted | None = None
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        if not self._trees:
+            return
+        speculator = self.speculator
+        forward_context = self.compilation_config.static_forward_context
+        self._target_layers = frozenset(
+            name
+            for name, layer in forward_context.items()
+            if hasattr(layer, "impl") and name not in speculator.draft_attn_layer_names
+        )
+        self._tree_buffers = TreeStepBuffers(self.max_num_tokens, self.device)
+        self._verification = TreeVerification(
+            self._tree_buffers, self._target_layers, speculator.shape.budget + 1
+        )
+        install(self._verification)
+        self.rejection_sampler = TreeRejectionSampler(self._accept)
+        speculator.commit = self._commit
+
+    def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
+        super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
+        if not self._trees:
+            return
+        forward_context = self.compilation_config.static_forward_context
+        names = sorted(self._target_layers)
+        self._target_group = next(
+            g
+            for g, group in enumerate(kv_cache_config.kv_cache_groups)
+            if names[0] in group.layer_names
+        )
+        self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
 
     def read_stats(self):
         raise NotImplementedError(
-            "dominotree: the V2 runner keeps no tree statistics yet (model_runner 'v2' runs "
-            "the chain only); vLLM's own spec-decode metrics count its drafts and accepts"
+            "dominotree: the V2 runner keeps no tree statistics yet; vLLM's own "
+            "spec-decode metrics count its drafts and accepts"
         )
+
+    # 1. prepare ------------------------------------------------------------------------
+    def prepare_attn(self, input_batch):
+        block_tables, slot_mappings = super().prepare_attn(input_batch)
+        if self._trees:
+            self._slot_mapping = slot_mappings[self._target_group]
+            self._step = self._describe_trees(input_batch)
+            self._verification.step = self._step
+            if self._step is not None:
+                input_batch.positions[: self._step.num_tokens] += self._step.token_delta
+        return block_tables, slot_mappings
+
+    def _describe_trees(self, input_batch) -> TreeStep | None:
+        num_reqs = input_batch.num_reqs
+        drafts = input_batch.num_draft_tokens_per_req
+        if input_batch.num_draft_tokens == 0 or drafts is None:
+            self._tree_buffers.clear()
+            return None
+        token_starts = input_batch.query_start_loc_np[:num_reqs].astype("int64")
+        token_ends = input_batch.query_start_loc_np[1 : num_reqs + 1].astype("int64")
+        logits_bounds = input_batch.cu_num_logits_np[: num_reqs + 1].astype("int64")
+        logits_starts, logits_ends = logits_bounds[:-1], logits_bounds[1:]
+        # The roots' positions: the device's (CPU: read in place), exact under
+        # asynchronous scheduling too.
+        roots = input_batch.positions[torch.as_tensor(token_starts)].tolist()
+        slots = input_batch.idx_mapping_np[:num_reqs]
+        trees = [
+            TreeRows(
+                i,
+                int(token_starts[i]),
+                int(logits_starts[i]),
+                int(roots[i]),
+                int(drafts[i]) + 1,
+                int(slots[i]),
+            )
+            for i in range(num_reqs)
+            if drafts[i]
+        ]
+        logits_requests = torch.repeat_interleave(
+            torch.arange(num_reqs), torch.as_tensor(logits_ends - logits_starts)
+        ).numpy()
+        # A request's logits rows are its last rows.
+        logits_token_rows = token_ends[logits_requests] - (
+            logits_ends[logits_requests] - torch.arange(len(logits_requests)).numpy()
+        )
+        return self._tree_buffers.publish(
+            trees,
+            input_batch.num_tokens,
+            logits_requests=logits_requests,
+            logits_ranges=list(zip(logits_starts.tolist(), logits_ends.tolist(), strict=True)),
+            logits_token_rows=logits_token_rows,
+            table=self.speculator.state_table,
+        )
+
+    # 3. accept (and move the K/V) ------------------------------------------------------
+    def _accept(self, logits: torch.Tensor, input_batch) -> SamplerOutput:
+        step = self._step
+        if step is None:
+            raise RuntimeError("dominotree: drafts were verified without a tree description")
+        num_reqs = input_batch.num_reqs
+        positions = input_batch.positions
+        target = draw_targets(
+            logits,
+            step.request,
+            step.logits_ranges,
+            positions[step.token_row] + 1,  # a row at position p draws position p + 1
+            step_law(self.sampler.sampling_states, input_batch),
+        )
+        last_rows = input_batch.cu_num_logits[1 : num_reqs + 1].long() - 1
+        accepted = accept_trees(step, target, last_rows, num_reqs, step.width)
+        self._kv_mover(
+            self._slot_mapping,
+            input_batch.query_start_loc[: num_reqs + 1],
+            accepted.path_offsets,
+            accepted.num_accepted,
+        )
+        self._accepted = accepted
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            (accepted.num_accepted + 1).to(torch.int32),
+            input_batch.seq_lens,
+            input_batch.cu_num_logits,
+            input_batch.idx_mapping,
+            self.req_states.prefill_len.gpu,
+        )
+        return SamplerOutput(
+            sampled_token_ids=accepted.sampled.to(torch.int64),
+            logprobs_tensors=None,
+            num_nans=None,
+            num_sampled=num_sampled,
+            num_rejected=num_rejected,
+        )
+
+    # 4. commit the drafter's rows (the speculator calls this before it drafts) ----------
+    def _commit(self, input_batch, aux_hidden_states) -> None:
+        if self._accepted is None:
+            return
+        drafter_rows_first(
+            self._step,
+            self._accepted,
+            input_batch.input_ids,
+            input_batch.positions,
+            aux_hidden_states,
+        )
+        self._accepted = None

@@ -1,25 +1,31 @@
 """DominoTree's drafting on vLLM's Model Runner V2: its DFlash speculator with the
-plugin's scorer in place of DFlash's sampling.
+plugin's scorer and tree builder in place of DFlash's sampling.
 
 The V2 runner drafts with `DFlashSpeculator` (vllm/v1/worker/gpu/spec_decode/dflash/):
 one Triton kernel lays out every request's context and query block, one drafter pass
 (one FULL CUDA graph on CUDA) runs the block, and the drafts go into the runner's
 request state on the device, so that nothing waits on the host. This subclass keeps all
-of that and changes two things:
+of that and changes three things:
 - the query block is the drafter's own block (`block_size` slots: the bonus token and
   block_size - 1 masks), as in the V1 proposer (proposer.py);
-- `_generate_draft` (the function the drafter's graph records) drafts Domino's chain:
-  the block's rows and their marginal logits prepare the scorer, then the released
-  chain decoder (tree/scorers.py: GRU over the drafted tokens, corrected argmax) runs
-  from each request's bonus token. A plain DFlash checkpoint drafts its marginal argmax.
-Its drafts are deterministic, so `draft_logits` is None: vLLM's rejection sampler then
-accepts a draft x with the target's probability of x, which keeps sampled output the
-target's own.
-Trees (scorers "conditional" and "marginal") are not ported yet: docs/v2-runner-port.md.
+- `_generate_draft` (the function the drafter's graph records) prepares the scorer from
+  the block's rows and their marginal logits, then drafts from each request's bonus
+  token: Domino's chain (the released decoder: GRU over the drafted tokens, corrected
+  argmax; a plain DFlash checkpoint's marginal argmax), or a best-first tree per request
+  (the host heap: CPU only so far), whose nodes' tokens in topological order are the
+  drafts;
+- `propose` first lets the runner commit the last step's accepted paths (`commit`,
+  v2_runner.py: the drafter's context rows reordered) and afterwards files each tree's
+  table under its request's state slot (`state_table`): V2 re-sorts the batch every step,
+  and the next step's verification reads the trees by slot.
+The chain's drafts are deterministic, so `draft_logits` is None: vLLM's rejection sampler
+then accepts a draft x with the target's probability of x, which keeps sampled output the
+target's own. Trees are accepted by the runner's tree sampler (v2_sampler.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,20 +36,30 @@ from ..config import DominoTreeConfig
 from ..drafter.checkpoint import read_spec
 from ..drafter.model import DominoHead
 from ..speculative import ADDITIONAL_CONFIG_KEY
+from ..tree.ancestry import TOKEN
+from ..tree.builder import build_trees
+from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import make_scorer
 
 
-class DominoChainSpeculator(DFlashSpeculator):
-    _speculator_name = "DominoTree chain"
+class DominoTreeSpeculator(DFlashSpeculator):
+    _speculator_name = "DominoTree"
 
     def __init__(self, vllm_config, device: torch.device):
         super().__init__(vllm_config, device)
         self.options = DominoTreeConfig(**vllm_config.additional_config[ADDITIONAL_CONFIG_KEY])
         self.spec = read_spec(self.draft_model_config.model)
-        self.shape = self.options.tree_shape(self.spec.num_drafts)  # one block, one child
+        self.shape = self.options.tree_shape(self.spec.num_drafts)
+        self.chain = self.options.scorer == "chain"
         self.num_query_per_req = self.spec.block_size
         self.draft_logits = None  # deterministic drafts (module docstring)
         self.scorer = None
+        self.builder: DeviceTreeBuilder | None = None
+        # Tree tables by request-state slot ([fields, max_num_reqs + 1, slots]); the
+        # last row is the builder's no-tree row. None for the chain.
+        self.state_table: torch.Tensor | None = None
+        # Set by the runner: commit(input_batch, aux_hidden_states), before drafting.
+        self.commit: Callable[[Any, list[torch.Tensor] | None], None] | None = None
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
@@ -52,7 +68,7 @@ class DominoChainSpeculator(DFlashSpeculator):
             tensors = {k: v.to(self.device) for k, v in self.model.domino_tensors.items()}
             head = DominoHead(self.spec, tensors)
         self.scorer = make_scorer(
-            "chain",
+            self.options.scorer,
             head,
             self.model.full_vocab_embedding(self.vllm_config.model_config.get_vocab_size()),
             shape=self.shape,
@@ -60,6 +76,46 @@ class DominoChainSpeculator(DFlashSpeculator):
             prefix_len=self.spec.pure_draft_prefix_len,
             max_requests=self.max_num_reqs,
         )
+        if not self.chain:
+            self.builder = DeviceTreeBuilder(
+                self.scorer,
+                self.shape,
+                chain=False,
+                max_requests=self.max_num_reqs,
+                device=self.device,
+                table_width=self.num_speculative_steps + 1,
+            )
+            no_tree = self.builder.table[:, self.builder.no_tree_row : self.builder.no_tree_row + 1]
+            self.state_table = no_tree.repeat(1, self.max_num_reqs + 1, 1)
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        input_batch,
+        attn_metadata,
+        slot_mappings,
+        last_hidden_states,
+        aux_hidden_states,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        if self.commit is not None and not kwargs.get("dummy_run", False):
+            self.commit(input_batch, aux_hidden_states)
+        drafts = super().propose(
+            input_batch,
+            attn_metadata,
+            slot_mappings,
+            last_hidden_states,
+            aux_hidden_states,
+            *args,
+            **kwargs,
+        )
+        if self.state_table is not None and not kwargs.get("dummy_run", False):
+            num_reqs = input_batch.num_reqs
+            self.state_table[:, input_batch.idx_mapping[:num_reqs]] = self.builder.table[
+                :, :num_reqs
+            ]
+        return drafts
 
     def _generate_draft(
         self,
@@ -86,5 +142,11 @@ class DominoChainSpeculator(DFlashSpeculator):
         anchors = self.input_buffers.input_ids[: num_reqs * block : block]  # [R] bonus tokens
         logits = self.model.compute_logits(rows.reshape(num_reqs * depth, -1))
         self.scorer.prepare(rows, logits.view(num_reqs, depth, -1))
-        drafts, _ = self.scorer.chain(anchors)  # [R, depth]
-        self.draft_tokens[:num_reqs, :depth] = drafts
+        if self.chain:
+            drafts, _ = self.scorer.chain(anchors)  # [R, depth]
+            self.draft_tokens[:num_reqs, :depth] = drafts
+            return
+        self.builder.store(build_trees(self.scorer, anchors.tolist(), self.shape))
+        budget = self.shape.budget
+        nodes = self.builder.table[TOKEN, :num_reqs, 1 : budget + 1]  # topological order
+        self.draft_tokens[:num_reqs, :budget] = nodes.clamp(min=0)  # -1: no node
