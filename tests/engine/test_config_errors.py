@@ -48,7 +48,7 @@ def test_trees_on_the_v2_runner_are_cpu_only(pair_dirs):
     """The chain runs on V2 everywhere; trees there on CPU only (test_v2_on_cpu.py)."""
     trees = dominotree(pair_dirs, model_runner="v2")
     assert translate(trees, on_cpu=True)[1]["model_runner"] == "v2"
-    with pytest.raises(DominoTreeConfigError, match="verifies trees .* on CPU only so far"):
+    with pytest.raises(DominoTreeConfigError, match=r"verifies trees .* on CPU only so far"):
         translate(trees, on_cpu=False)
     chain = dominotree(pair_dirs, model_runner="v2", scorer="chain")
     assert translate(chain, on_cpu=False)[1]["model_runner"] == "v2"
