@@ -49,6 +49,15 @@ def translate(
         chosen.setdefault("budget", CPU_BUDGET)
     config = DominoTreeConfig.from_dict(chosen)
     config.check_drafter(spec)
+    if config.model_runner == "v2" and on_cpu:
+        from vllm.triton_utils import HAS_TRITON
+
+        if not HAS_TRITON:
+            raise DominoTreeConfigError(
+                "model_runner 'v2' on CPU needs a Triton with a CPU backend (triton-cpu): "
+                "vLLM's V2 runner prepares each step with Triton kernels, and this "
+                "environment's Triton has no CPU backend; use model_runner 'v1' (the default)"
+            )
     if config.model_runner == "v2" and config.scorer != "chain" and not on_cpu:
         raise DominoTreeConfigError(
             f"model_runner 'v2' verifies trees (scorer {config.scorer!r}) on CPU only so far "

@@ -44,8 +44,18 @@ def test_a_budget_below_the_block_is_cpu_only(pair_dirs):
         translate(config, on_cpu=False)
 
 
-def test_trees_on_the_v2_runner_are_cpu_only(pair_dirs):
+def test_the_v2_runner_on_cpu_needs_a_triton_cpu_backend(pair_dirs):
+    """This machine's Triton has none (test_v2_on_cpu.py stands one in, in its engines'
+    own processes)."""
+    with pytest.raises(DominoTreeConfigError, match="needs a Triton with a CPU backend"):
+        make_llm(pair_dirs, dominotree(pair_dirs, model_runner="v2"))
+
+
+def test_trees_on_the_v2_runner_are_cpu_only(pair_dirs, monkeypatch):
     """The chain runs on V2 everywhere; trees there on CPU only (test_v2_on_cpu.py)."""
+    import vllm.triton_utils
+
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)  # as under triton-cpu
     trees = dominotree(pair_dirs, model_runner="v2")
     assert translate(trees, on_cpu=True)[1]["model_runner"] == "v2"
     with pytest.raises(DominoTreeConfigError, match=r"verifies trees .* on CPU only so far"):
