@@ -2,7 +2,8 @@
 and plain decoding, on random weights of a real shape.
 
     python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
-        [--batches 1 4 16 64] [--methods ar dflash dflash-v1 chain chain-v2 marginal conditional] \\
+        [--batches 1 4 16 64] \\
+        [--methods ar dflash dflash-v1 chain marginal conditional chain-v2 conditional-v2] \\
         [--tokens 64] [--repeats 3] [--enforce-eager] [--no-split]
 
 A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with vLLM's
@@ -39,8 +40,9 @@ time over each method's round time: a projection, not a measurement.
 
 Every method runs in its own Python process with vLLM's defaults (the V2 runner and its
 graph modes for `ar` and `dflash`; `dflash-v1` is vLLM's DFlash on its V1 runner, which
-the plugin extends; `chain-v2` is the plugin's chain on vLLM's V2 runner, option
-model_runner "v2", measured like vLLM's own methods: its runner keeps no stage clock),
+the plugin extends; `chain-v2`, `conditional-v2`, `marginal-v2` are the plugin's methods
+on vLLM's V2 runner, option model_runner "v2", measured as vLLM's own methods are: that
+runner keeps no stage clock yet),
 so nothing one engine sets can reach another. Writes
 round_cost.json and round_cost.md under --out after every method, over every method
 whose rows are in --out (rows-METHOD.json, each with the command that made it): calls
@@ -93,6 +95,9 @@ SHAPES = {
 }
 BLOCK_SIZE = 16
 PLUGIN_METHODS = ("chain", "marginal", "conditional")
+# A plugin method on vLLM's V2 runner (`chain-v2`, `conditional-v2`): measured as vLLM's own
+# methods are (that runner keeps no stage clock or tree stats yet).
+V2 = "-v2"
 # vLLM's worker extension that traces the baselines' kernels (engine/profiling.py).
 KERNEL_TRACE = "vllm_dominotree.engine.profiling.KernelTraceExtension"
 
@@ -151,7 +156,6 @@ PAPER_TAU = {
     "dflash-v1": ("DFlash", 6.25),
     "marginal": ("DDTree (16)", 7.03),
     "chain": ("Domino", 7.17),
-    "chain-v2": ("Domino", 7.17),
     "conditional": ("DominoTree (16)", 7.98),
 }
 
@@ -215,15 +219,11 @@ def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
             "model": dirs["dflash"],
             "num_speculative_tokens": BLOCK_SIZE - 1,
         }
-    if method == "chain-v2":  # CUDA only: vLLM's V2 runner needs Triton
-        return {
-            "method": "dominotree",
-            "model": dirs["domino"],
-            "scorer": "chain",
-            "model_runner": "v2",
-        }
     # Budget 16 on every device (the CPU's default is smaller): the paper's tree.
-    return {"method": "dominotree", "model": dirs["domino"], "scorer": method, "budget": 16}
+    config = {"method": "dominotree", "model": dirs["domino"], "budget": 16}
+    if method.endswith(V2):  # vLLM's V2 runner (CUDA: it needs Triton)
+        return config | {"scorer": method.removesuffix(V2), "model_runner": "v2"}
+    return config | {"scorer": method}
 
 
 def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[float, float]:
@@ -380,8 +380,8 @@ def report(rows: list[dict], args) -> None:
     ar = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "ar"}
     for r in rows:
         base = split_variants(r["method"])[0]
-        if base in PAPER_TAU and r["batch"] in ar:
-            name, tau = PAPER_TAU[base]
+        if base.removesuffix(V2) in PAPER_TAU and r["batch"] in ar:
+            name, tau = PAPER_TAU[base.removesuffix(V2)]
             speedup = tau * ar[r["batch"]] / r["ms_per_round"]
             r["projection"] = {
                 "paper_method": name,
@@ -537,6 +537,8 @@ def main() -> None:
         env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
         if method == "dflash-v1":
             env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        if split_variants(method)[0].endswith(V2):  # trees on V2 before their first GPU run
+            env["DOMINOTREE_V2_CUDA_TREES"] = "1"
         env |= split_variants(method)[2]
         wait_for_idle_gpu()
         child = [sys.executable, __file__, "--one", method, *sys.argv[1:]]

@@ -5,7 +5,8 @@ few Triton kernels, where the V1 runner that the tree runner (runner.py) extends
 rebuilds a host-side batch each step: on the H200 that host work paced the plugin's
 batch-1 round (docs/v2-runner-port.md). This mixin gives the V2 runner the plugin's
 speculator (v2_speculator.py). The chain is verified by vLLM's own sampler (exact for a
-chain). Trees (CPU only so far) take the tree runner's steps, at V2's hooks:
+chain). Trees take the tree runner's steps, at V2's hooks (on CUDA with the fix-up
+kernel beside vLLM's attention, recorded in its FULL graphs; not yet run on a GPU):
 1. prepare (`prepare_attn`, after vLLM's slot mappings from linear positions): the
    step's trees described (tree_step.py; the tables by request-state slot) and the tree
    rows' positions moved to root + depth;
@@ -73,7 +74,23 @@ class DominoTreeV2RunnerMixin:
             for g, group in enumerate(kv_cache_config.kv_cache_groups)
             if names[0] in group.layer_names
         )
-        self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
+        if self.device.type == "cuda":
+            from ..kernels.kv_move import PathKVMover
+
+            self._kv_mover = PathKVMover([forward_context[n].kv_cache for n in names])
+        else:
+            self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
+
+    def capture_model(self, *args, **kwargs):
+        if not self._trees:
+            return super().capture_model(*args, **kwargs)
+        # While vLLM captures, the tree kernel launches even without trees, so that the
+        # FULL graphs contain it (cuda_attention.py); its replays read each step's trees.
+        self._verification.capturing = True
+        try:
+            return super().capture_model(*args, **kwargs)
+        finally:
+            self._verification.capturing = False
 
     def read_stats(self):
         raise NotImplementedError(
@@ -102,9 +119,13 @@ class DominoTreeV2RunnerMixin:
         token_ends = input_batch.query_start_loc_np[1 : num_reqs + 1].astype("int64")
         logits_bounds = input_batch.cu_num_logits_np[: num_reqs + 1].astype("int64")
         logits_starts, logits_ends = logits_bounds[:-1], logits_bounds[1:]
-        # The roots' positions: the device's (CPU: read in place), exact under
-        # asynchronous scheduling too.
-        roots = input_batch.positions[torch.as_tensor(token_starts)].tolist()
+        # The roots' positions, which the CPU attention reads on the host: the device's
+        # (read in place on CPU), exact under asynchronous scheduling too. CUDA reads
+        # them on the device; the host's count (an upper bound) is not waited for.
+        if self.device.type == "cuda":
+            roots = input_batch.num_computed_tokens_np[:num_reqs].tolist()
+        else:
+            roots = input_batch.positions[torch.as_tensor(token_starts)].tolist()
         slots = input_batch.idx_mapping_np[:num_reqs]
         trees = [
             TreeRows(

@@ -12,8 +12,8 @@ of that and changes three things:
   the block's rows and their marginal logits, then drafts from each request's bonus
   token: Domino's chain (the released decoder: GRU over the drafted tokens, corrected
   argmax; a plain DFlash checkpoint's marginal argmax), or a best-first tree per request
-  (the host heap: CPU only so far), whose nodes' tokens in topological order are the
-  drafts;
+  (on CUDA the device builder, recorded in DFlash's FULL graph with the draft; on CPU the
+  host heap), whose nodes' tokens in topological order are the drafts;
 - `propose` first lets the runner commit the last step's accepted paths (`commit`,
   v2_runner.py: the drafter's context rows reordered) and afterwards files each tree's
   table under its request's state slot (`state_table`): V2 re-sorts the batch every step,
@@ -39,7 +39,7 @@ from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..tree.ancestry import TOKEN
 from ..tree.builder import build_trees
 from ..tree.device_builder import DeviceTreeBuilder
-from ..tree.scorers import make_scorer
+from ..tree.scorers import make_scorer, padded_rows
 
 
 class DominoTreeSpeculator(DFlashSpeculator):
@@ -146,7 +146,13 @@ class DominoTreeSpeculator(DFlashSpeculator):
             drafts, _ = self.scorer.chain(anchors)  # [R, depth]
             self.draft_tokens[:num_reqs, :depth] = drafts
             return
-        self.builder.store(build_trees(self.scorer, anchors.tolist(), self.shape))
+        if self.device.type == "cuda":
+            # The device builder's body, so that DFlash's FULL graph records the draft and
+            # the build as one replay (its warm-up runs compile the builder's functions).
+            self.builder.anchors[:num_reqs].copy_(anchors)
+            self.builder.grow(padded_rows(num_reqs, self.max_num_reqs))
+        else:  # the host heap: the same trees, fewer torch calls without graphs
+            self.builder.store(build_trees(self.scorer, anchors.tolist(), self.shape))
         budget = self.shape.budget
         nodes = self.builder.table[TOKEN, :num_reqs, 1 : budget + 1]  # topological order
         self.draft_tokens[:num_reqs, :budget] = nodes.clamp(min=0)  # -1: no node

@@ -156,7 +156,7 @@ class DeviceTreeBuilder:
             graph.replay()
             self.counts.graph_builds += 1
         else:
-            self._grow(p)
+            self.grow(p)
             self.counts.eager_builds += 1
 
     def store(self, trees: list[DraftTree]) -> None:
@@ -179,18 +179,19 @@ class DeviceTreeBuilder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compiles and warms every shape
             for p in sizes:
-                self._grow(p)
+                self.grow(p)
         torch.cuda.current_stream().wait_stream(side)
         for p in reversed(sizes):  # the largest first: later graphs reuse its pool
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._grow(p)
+                self.grow(p)
             self._pool = graph.pool()
             self._graphs[p] = graph
 
-    def _grow(self, p: int) -> None:
+    def grow(self, p: int) -> None:
         """The whole build for p padded rows, from self.anchors into the slots and the
-        table."""
+        table: what `capture` records, and what a caller's own graph may record (the V2
+        speculator's draft graph)."""
         anchors, rows = self.anchors[:p], self.rows[:p]
         if self.prepares(p):
             self.prepare(p)
