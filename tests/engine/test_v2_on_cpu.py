@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import assert_runs_follow_the_target
+from .test_robustness import PREEMPT_MAX_TOKENS, PREEMPT_PROMPTS, _prompt
 from .v2_on_cpu import SAMPLED_LAW
 
 HERE = Path(__file__).parent
@@ -83,3 +84,28 @@ def test_sampled_requests_on_the_v2_runner_follow_the_target(pair_dirs, scorer):
     run = run_engine("v2", pair_dirs["target"], sampled=600, speculative_config=config)
     assert run["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
     assert_runs_follow_the_target(run["tokens"], pair_dirs["target"], SAMPLED_LAW)
+
+
+def test_trees_on_the_v2_runner_through_preemption_and_chunked_prefills(pair_dirs, plain):
+    """A KV cache too small for the batch (requests preempted and recomputed) and a step
+    token budget below the long prompts' lengths (prefills in chunks beside trees, which
+    V2 orders after the decodes): the target's greedy tokens still."""
+    prompts = [*PREEMPT_PROMPTS, _prompt(1, 190), _prompt(2, 150)]
+    options = {"prompts": prompts, "max_tokens": PREEMPT_MAX_TOKENS}
+    config = {
+        "method": "dominotree",
+        "model": pair_dirs["drafter"],
+        "budget": 16,
+        "model_runner": "v2",
+    }
+    small = {
+        "num_gpu_blocks_override": 16,
+        "block_size": 32,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 128,
+    }
+    want = run_engine("v1", pair_dirs["target"], **options)
+    got = run_engine("v2", pair_dirs["target"], speculative_config=config, **small, **options)
+    assert got["preemptions"] > 0, "the KV cache was not small enough to force a preemption"
+    assert got["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert got["tokens"] == want["tokens"]

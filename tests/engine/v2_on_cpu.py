@@ -11,9 +11,10 @@ must run before vLLM is imported, so each engine runs in a process of its own:
     python tests/engine/v2_on_cpu.py RUNNER TARGET '{"speculative_config": ...}' [SAMPLED]
 
 RUNNER is v1 or v2 (VLLM_USE_V2_MODEL_RUNNER). It prints one JSON line: the runner's
-class, the greedy tokens of the engine tests' prompts (or with SAMPLED, that many
-seeded requests of conftest.SAMPLED_PROMPT sampled with SAMPLED_LAW) and vLLM's
-spec-decode counters.
+class, the greedy tokens of the engine tests' prompts (OPTIONS may name others,
+"prompts", and "max_tokens"; the rest are LLM's arguments), or with SAMPLED that many
+seeded requests of conftest.SAMPLED_PROMPT sampled with SAMPLED_LAW, and vLLM's
+spec-decode counters (and the preemptions).
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def main() -> None:
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = {"v1": "0", "v2": "1"}[runner]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     enable()
-    from conftest import MAX_MODEL_LEN, greedy, sampled_runs, spec_metrics
+    from conftest import MAX_MODEL_LEN, PROMPTS, greedy, sampled_runs, spec_metrics
     from vllm import LLM
+
+    prompts = options.pop("prompts", PROMPTS)
+    max_tokens = options.pop("max_tokens", 48)
 
     llm = LLM(
         model=target,
@@ -63,8 +67,11 @@ def main() -> None:
         "runner": f"{type(model_runner).__module__}.{type(model_runner).__name__}",
         "tokens": sampled_runs(llm, int(sys.argv[4]), SAMPLED_LAW)
         if len(sys.argv) > 4
-        else greedy(llm),
+        else greedy(llm, prompts, max_tokens),
         "spec": spec_metrics(llm),
+        "preemptions": sum(
+            getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions"
+        ),
     }
     print("RESULT " + json.dumps(result), flush=True)
 
