@@ -56,6 +56,20 @@ class CpuPathKVMover:
             layer.impl.do_kv_cache_update(layer, keys[src], values[src], layer.kv_cache, slots)
 
 
+def target_kv(kv_cache_config, layers: dict, device: torch.device):
+    """(the target's KV cache group, its accepted-path K/V mover) for the target's
+    attention layers (name -> vLLM attention layer), once the KV caches exist."""
+    names = sorted(layers)
+    group = next(
+        g for g, kv in enumerate(kv_cache_config.kv_cache_groups) if names[0] in kv.layer_names
+    )
+    if device.type == "cuda":
+        from ..kernels.kv_move import PathKVMover
+
+        return group, PathKVMover([layers[n].kv_cache for n in names])
+    return group, CpuPathKVMover(layers)
+
+
 def drafter_rows_first(
     step: TreeStep,
     accepted: Accepted,

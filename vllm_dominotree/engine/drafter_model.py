@@ -15,6 +15,9 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
+from ..drafter.model import DominoHead
+from ..tree.scorers import make_scorer
+
 DOMINO_PREFIXES = ("prefix_gru.", "embed_proj.")
 
 
@@ -49,3 +52,32 @@ class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
             return table
         # Shards split the padded vocabulary evenly; the real ids come first.
         return tensor_model_parallel_all_gather(table.contiguous(), dim=0)[:vocab]
+
+
+def drafter_scorer(
+    model: DominoDraftForCausalLM,
+    vllm_config,
+    spec,
+    options,
+    shape,
+    max_requests: int,
+    device: torch.device,
+    kernels: bool = False,
+):
+    """The tree scorer (tree/scorers.py) over a loaded drafter: Domino's head from the
+    checkpoint's GRU and correction weights (none for a plain DFlash checkpoint), the
+    target's embedding over the whole vocabulary."""
+    head = None
+    if spec.is_domino:
+        # vLLM may load weights before the model reaches its device.
+        head = DominoHead(spec, {k: v.to(device) for k, v in model.domino_tensors.items()})
+    return make_scorer(
+        options.scorer,
+        head,
+        model.full_vocab_embedding(vllm_config.model_config.get_vocab_size()),
+        shape=shape,
+        candidates=options.candidates,
+        prefix_len=spec.pure_draft_prefix_len,
+        max_requests=max_requests,
+        kernels=kernels,
+    )

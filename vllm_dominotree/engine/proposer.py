@@ -26,14 +26,14 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from ..config import DominoTreeConfig, node_step
 from ..drafter.checkpoint import read_spec
-from ..drafter.model import DominoHead
 from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..stage_clock import DraftBuildTimes
 from ..tree.ancestry import TOKEN
 from ..tree.builder import build_trees
 from ..tree.device_builder import DeviceTreeBuilder
-from ..tree.scorers import make_scorer, padded_rows
+from ..tree.scorers import padded_rows
 from .draft_graphs import DraftGraphs, draft_graphs_enabled
+from .drafter_model import drafter_scorer
 
 # The most the build's graph pool may keep for the drafter's logits ([rows x depth, vocab]
 # of its largest padded batch); larger batches prepare the scorer before the build.
@@ -69,19 +69,14 @@ class DominoTreeProposer(DFlashProposer):
     def load_model(self, target_model: torch.nn.Module) -> None:
         # The drafter was checked against the target in process 0 (patches/engine_args.py).
         super().load_model(target_model)
-        head = None
-        if self.spec.is_domino:
-            # vLLM may load weights before the model reaches its device.
-            tensors = {k: v.to(self.device) for k, v in self.model.domino_tensors.items()}
-            head = DominoHead(self.spec, tensors)
-        self.scorer = make_scorer(
-            self.options.scorer,
-            head,
-            self.model.full_vocab_embedding(self.vllm_config.model_config.get_vocab_size()),
-            shape=self.shape,
-            candidates=self.options.candidates,
-            prefix_len=self.spec.pure_draft_prefix_len,
-            max_requests=self.max_batch_size,
+        self.scorer = drafter_scorer(
+            self.model,
+            self.vllm_config,
+            self.spec,
+            self.options,
+            self.shape,
+            self.max_batch_size,
+            self.device,
             # DOMINOTREE_NODE_STEP=triton (CUDA; refused on CPU at engine start)
             kernels=self.options.scorer == "conditional" and node_step() == "triton",
         )

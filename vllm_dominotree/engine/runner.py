@@ -39,7 +39,7 @@ from . import attention_check
 from .accept_graphs import AcceptGraphs
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .backend_support import runs_fa3
-from .commit import CpuPathKVMover, drafter_rows_first
+from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
@@ -267,16 +267,9 @@ class DominoTreeRunnerMixin:
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
         super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
         forward_context = self.compilation_config.static_forward_context
-        names = sorted(self._target_layers)
-        self._target_group = next(
-            g
-            for g, group in enumerate(kv_cache_config.kv_cache_groups)
-            if names[0] in group.layer_names
-        )
+        layers = {n: forward_context[n] for n in self._target_layers}
+        self._target_group, self._kv_mover = target_kv(kv_cache_config, layers, self.device)
         if self.device.type == "cuda":
-            from ..kernels.kv_move import PathKVMover
-
-            self._kv_mover = PathKVMover([forward_context[n].kv_cache for n in names])
             self._accept_graphs = AcceptGraphs(
                 self._tree_buffers,
                 self._accept_and_move,
@@ -284,7 +277,7 @@ class DominoTreeRunnerMixin:
                 self.max_num_reqs,
                 self.device,
             )
-            layer = forward_context[names[0]]
+            layer = layers[min(layers)]
             if self._verification.one_pass and layer.attn_backend.forward_includes_kv_cache_update:
                 raise RuntimeError(
                     f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={attention_mode()} skips the "
@@ -293,8 +286,6 @@ class DominoTreeRunnerMixin:
                 )
             if self._verification.paths is not None:
                 self._check_paths_backend(layer)
-        else:
-            self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
 
     def _check_paths_backend(self, layer) -> None:
         """DOMINOTREE_CUDA_TREE_ATTENTION=paths (one-pass) needs FA3 and a cache that a

@@ -27,7 +27,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from ..patches.worker_classes import v2_runner_builds_speculator
 from .acceptance import Accepted, accept_trees, draw_targets
-from .commit import CpuPathKVMover, drafter_rows_first
+from .commit import drafter_rows_first, target_kv
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 from .v2_sampler import TreeRejectionSampler, step_law
 from .v2_speculator import DominoTreeSpeculator
@@ -68,18 +68,8 @@ class DominoTreeV2RunnerMixin:
         if not self._trees:
             return
         forward_context = self.compilation_config.static_forward_context
-        names = sorted(self._target_layers)
-        self._target_group = next(
-            g
-            for g, group in enumerate(kv_cache_config.kv_cache_groups)
-            if names[0] in group.layer_names
-        )
-        if self.device.type == "cuda":
-            from ..kernels.kv_move import PathKVMover
-
-            self._kv_mover = PathKVMover([forward_context[n].kv_cache for n in names])
-        else:
-            self._kv_mover = CpuPathKVMover({n: forward_context[n] for n in names})
+        layers = {n: forward_context[n] for n in self._target_layers}
+        self._target_group, self._kv_mover = target_kv(kv_cache_config, layers, self.device)
 
     def capture_model(self, *args, **kwargs):
         if not self._trees:

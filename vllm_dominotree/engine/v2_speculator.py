@@ -34,12 +34,12 @@ from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
 from ..config import DominoTreeConfig
 from ..drafter.checkpoint import read_spec
-from ..drafter.model import DominoHead
 from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..tree.ancestry import TOKEN
 from ..tree.builder import build_trees
 from ..tree.device_builder import DeviceTreeBuilder
-from ..tree.scorers import make_scorer, padded_rows
+from ..tree.scorers import padded_rows
+from .drafter_model import drafter_scorer
 
 
 class DominoTreeSpeculator(DFlashSpeculator):
@@ -63,18 +63,14 @@ class DominoTreeSpeculator(DFlashSpeculator):
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
-        head = None
-        if self.spec.is_domino:
-            tensors = {k: v.to(self.device) for k, v in self.model.domino_tensors.items()}
-            head = DominoHead(self.spec, tensors)
-        self.scorer = make_scorer(
-            self.options.scorer,
-            head,
-            self.model.full_vocab_embedding(self.vllm_config.model_config.get_vocab_size()),
-            shape=self.shape,
-            candidates=self.options.candidates,
-            prefix_len=self.spec.pure_draft_prefix_len,
-            max_requests=self.max_num_reqs,
+        self.scorer = drafter_scorer(
+            self.model,
+            self.vllm_config,
+            self.spec,
+            self.options,
+            self.shape,
+            self.max_num_reqs,
+            self.device,
         )
         if not self.chain:
             self.builder = DeviceTreeBuilder(
