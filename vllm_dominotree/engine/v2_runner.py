@@ -21,6 +21,7 @@ kernel beside vLLM's attention, recorded in its FULL graphs; not yet run on a GP
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
@@ -129,12 +130,10 @@ class DominoTreeV2RunnerMixin:
             for i in range(num_reqs)
             if drafts[i]
         ]
-        logits_requests = torch.repeat_interleave(
-            torch.arange(num_reqs), torch.as_tensor(logits_ends - logits_starts)
-        ).numpy()
+        logits_requests = np.repeat(np.arange(num_reqs), logits_ends - logits_starts)
         # A request's logits rows are its last rows.
         logits_token_rows = token_ends[logits_requests] - (
-            logits_ends[logits_requests] - torch.arange(len(logits_requests)).numpy()
+            logits_ends[logits_requests] - np.arange(len(logits_requests))
         )
         return self._tree_buffers.publish(
             trees,
