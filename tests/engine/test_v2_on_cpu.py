@@ -28,8 +28,13 @@ def run_engine(runner: str, target: str, sampled: int = 0, **options) -> dict:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def test_v2_runner_decodes_as_v1_with_and_without_dflash(pair_dirs):
-    v1 = run_engine("v1", pair_dirs["target"])
+@pytest.fixture(scope="module")
+def plain(pair_dirs):
+    return run_engine("v1", pair_dirs["target"])
+
+
+def test_v2_runner_decodes_as_v1_with_and_without_dflash(pair_dirs, plain):
+    v1 = plain
     v2 = run_engine("v2", pair_dirs["target"])
     dflash = {"method": "dflash", "model": pair_dirs["dflash"], "num_speculative_tokens": 7}
     v2_dflash = run_engine("v2", pair_dirs["target"], speculative_config=dflash)
@@ -39,11 +44,6 @@ def test_v2_runner_decodes_as_v1_with_and_without_dflash(pair_dirs):
     assert v2["tokens"] == v1["tokens"]
     assert v2_dflash["tokens"] == v1["tokens"]
     assert v2_dflash["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
-
-
-@pytest.fixture(scope="module")
-def plain(pair_dirs):
-    return run_engine("v1", pair_dirs["target"])
 
 
 @pytest.mark.parametrize("scorer", ["chain", "conditional", "marginal"])
@@ -86,7 +86,7 @@ def test_sampled_requests_on_the_v2_runner_follow_the_target(pair_dirs, scorer):
     assert_runs_follow_the_target(run["tokens"], pair_dirs["target"], SAMPLED_LAW)
 
 
-def test_trees_on_the_v2_runner_through_preemption_and_chunked_prefills(pair_dirs, plain):
+def test_trees_on_the_v2_runner_through_preemption_and_chunked_prefills(pair_dirs):
     """A KV cache too small for the batch (requests preempted and recomputed) and a step
     token budget below the long prompts' lengths (prefills in chunks beside trees, which
     V2 orders after the decodes): the target's greedy tokens still."""
