@@ -2,7 +2,7 @@
 (V1 by default); other engines keep vLLM's choice.
 
 Why: the tree runner extends the V1 runner (`GPUModelRunner`), and the V2 runner port
-(engine/v2_runner.py) runs the chain scorer only so far. vLLM picks the runner from the
+(engine/v2_runner.py) is opt-in until it has run on a GPU. vLLM picks the runner from the
 process-wide `VLLM_USE_V2_MODEL_RUNNER` (read through `VllmConfig.use_v2_model_runner`
 by the scheduler, the workers and the input processor), and setting that variable in
 process 0 would also turn every later engine of the process (a baseline in the same
