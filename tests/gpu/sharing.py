@@ -49,6 +49,11 @@ def run_engine(
     import pytest
     from vllm import LLM
 
+    config = speculative_config or {}
+    tree_runner = config.get("method") == "dominotree" and config.get("model_runner", "v1") == "v1"
+    # vLLM's own methods and the V2 runner keep no tree stats: their spec-decode counters
+    # instead, which LLM keeps only with stat logging on.
+    counters = bool(config) and not tree_runner
     with pytest.MonkeyPatch.context() as patch:
         for key, value in (env or {}).items():
             patch.setenv(key, value)
@@ -59,15 +64,15 @@ def run_engine(
             seed=0,
             kernel_config={"enable_jit_warmup": False},
             speculative_config=speculative_config,
+            disable_log_stats=not counters,
             **engine,
         )
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    config = speculative_config or {}
     stats = None
-    if config.get("method") == "dominotree" and config.get("model_runner", "v1") == "v1":
+    if tree_runner:
         stats = llm.collective_rpc("dominotree_stats")[0]
-    elif config:  # vLLM's own methods and the V2 runner (no tree stats): vLLM's counters
+    elif counters:
         stats = {
             m.name: getattr(m, "value", None) or getattr(m, "values", None)
             for m in llm.get_metrics()
