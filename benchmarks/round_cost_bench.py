@@ -537,8 +537,6 @@ def main() -> None:
         env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
         if method == "dflash-v1":
             env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        if split_variants(method)[0].endswith(V2):  # trees on V2 before their first GPU run
-            env["DOMINOTREE_V2_CUDA_TREES"] = "1"
         env |= split_variants(method)[2]
         wait_for_idle_gpu()
         child = [sys.executable, __file__, "--one", method, *sys.argv[1:]]

@@ -58,18 +58,6 @@ def translate(
                 "vLLM's V2 runner prepares each step with Triton kernels, and this "
                 "environment's Triton has no CPU backend; use model_runner 'v1' (the default)"
             )
-    if (
-        config.model_runner == "v2"
-        and config.scorer != "chain"
-        and not on_cpu
-        and os.environ.get("DOMINOTREE_V2_CUDA_TREES") != "1"
-    ):
-        raise DominoTreeConfigError(
-            f"model_runner 'v2' verifies trees (scorer {config.scorer!r}) on CPU only so far: "
-            "on CUDA that path has not yet run on a GPU (DOMINOTREE_V2_CUDA_TREES=1 runs it "
-            "for its first tests, docs/v2-runner-port.md); use scorer 'chain' or "
-            "model_runner 'v1'"
-        )
     shape = config.tree_shape(spec.num_drafts)
     # The drafter's query block (anchor + masks, block_size slots) is written into the
     # slots vLLM reserves for drafting: num_speculative_tokens + 1 of them.

@@ -51,17 +51,15 @@ def test_the_v2_runner_on_cpu_needs_a_triton_cpu_backend(pair_dirs):
         make_llm(pair_dirs, dominotree(pair_dirs, model_runner="v2"))
 
 
-def test_trees_on_the_v2_runner_are_cpu_only(pair_dirs, monkeypatch):
-    """The chain runs on V2 everywhere; trees there on CPU only (test_v2_on_cpu.py)."""
+def test_the_v2_runner_takes_every_scorer_on_both_devices(pair_dirs, monkeypatch):
+    """Chain and trees on V2, on CPU (test_v2_on_cpu.py) and CUDA (tests/gpu)."""
     import vllm.triton_utils
 
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)  # as under triton-cpu
-    trees = dominotree(pair_dirs, model_runner="v2")
-    assert translate(trees, on_cpu=True)[1]["model_runner"] == "v2"
-    with pytest.raises(DominoTreeConfigError, match=r"verifies trees .* on CPU only so far"):
-        translate(trees, on_cpu=False)
-    chain = dominotree(pair_dirs, model_runner="v2", scorer="chain")
-    assert translate(chain, on_cpu=False)[1]["model_runner"] == "v2"
+    for scorer in ("chain", "marginal", "conditional"):
+        config = dominotree(pair_dirs, model_runner="v2", scorer=scorer)
+        for on_cpu in (True, False):
+            assert translate(config, on_cpu=on_cpu)[1]["model_runner"] == "v2"
 
 
 def test_the_default_budget_is_per_device(pair_dirs):

@@ -115,11 +115,10 @@ def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected):
 
 @pytest.mark.parametrize("scorer", ["conditional", "marginal"])
 def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
-    """Trees on vLLM's V2 runner (model_runner "v2"; DOMINOTREE_V2_CUDA_TREES=1 until this
-    has run): the device builder in DFlash's FULL graph, the tree kernel in the target's,
-    tree acceptance eager."""
+    """Trees on vLLM's V2 runner (model_runner "v2"): the device builder in DFlash's FULL
+    graph, the tree kernel in the target's, tree acceptance eager."""
     config = {"method": "dominotree", "model": str(dirs[1]), "scorer": scorer, "model_runner": "v2"}
-    tokens, counters = generate(dirs, config, env={"DOMINOTREE_V2_CUDA_TREES": "1"})
+    tokens, counters = generate(dirs, config)
     print(f"{scorer}-v2", counters)
     assert tokens == expected[: len(PROMPTS)]
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0

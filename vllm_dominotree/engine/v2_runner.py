@@ -6,7 +6,7 @@ rebuilds a host-side batch each step: on the H200 that host work paced the plugi
 batch-1 round (docs/v2-runner-port.md). This mixin gives the V2 runner the plugin's
 speculator (v2_speculator.py). The chain is verified by vLLM's own sampler (exact for a
 chain). Trees take the tree runner's steps, at V2's hooks (on CUDA with the fix-up
-kernel beside vLLM's attention, recorded in its FULL graphs; not yet run on a GPU):
+kernel beside vLLM's attention, recorded in its FULL graphs):
 1. prepare (`prepare_attn`, after vLLM's slot mappings from linear positions): the
    step's trees described (tree_step.py; the tables by request-state slot) and the tree
    rows' positions moved to root + depth;
