@@ -41,8 +41,9 @@ time over each method's round time: a projection, not a measurement.
 Every method runs in its own Python process with vLLM's defaults (the V2 runner and its
 graph modes for `ar` and `dflash`; `dflash-v1` is vLLM's DFlash on its V1 runner, which
 the plugin extends; `chain-v2`, `conditional-v2`, `marginal-v2` are the plugin's methods
-on vLLM's V2 runner, option model_runner "v2", measured as vLLM's own methods are: that
-runner keeps no stage clock yet),
+on vLLM's V2 runner, option model_runner "v2", measured as vLLM's own methods are, with
+the GPU's kernel time split by the stages that runner names: verify, prepare, sample,
+accept, commit, draft),
 so nothing one engine sets can reach another. Writes
 round_cost.json and round_cost.md under --out after every method, over every method
 whose rows are in --out (rows-METHOD.json, each with the command that made it): calls
@@ -96,7 +97,7 @@ SHAPES = {
 BLOCK_SIZE = 16
 PLUGIN_METHODS = ("chain", "marginal", "conditional")
 # A plugin method on vLLM's V2 runner (`chain-v2`, `conditional-v2`): measured as vLLM's own
-# methods are (that runner keeps no stage clock or tree stats yet).
+# methods are (that runner keeps no tree stats yet), its kernels split by stage.
 V2 = "-v2"
 # vLLM's worker extension that traces the baselines' kernels (engine/profiling.py).
 KERNEL_TRACE = "vllm_dominotree.engine.profiling.KernelTraceExtension"
@@ -313,13 +314,21 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 "ms_per_round_runs": ms_runs,
             }
             if base not in PLUGIN_METHODS and not args.no_split:
-                # vLLM's own methods: the GPU's kernel time only (their workers carry the
-                # benchmark's trace extension, nothing of the plugin's).
+                # vLLM's own methods and the plugin's on V2: the GPU's kernel time (their
+                # workers carry the benchmark's trace extension), by stage where the
+                # runner names its stages (the plugin's V2 runner; vLLM's: all "outside").
                 llm.collective_rpc("kernel_trace", args=(True,))
                 _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("kernel_trace", args=(False,))[0]
                 row["kernel_ms_per_round"] = trace["kernel_ms"] / traced
                 row |= counts_per_step(trace, traced)  # like the plugin's rows
+                row["kernel_ms_per_round_by_stage"] = {
+                    k: v / traced for k, v in trace["kernel_ms_by_stage"].items()
+                }
+                row["top_kernels_per_round_by_stage"] = per_round_kernels(
+                    trace["top_kernels_by_stage"], traced
+                )
+                write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
             if base in PLUGIN_METHODS and not args.no_split:
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)

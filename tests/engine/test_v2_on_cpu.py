@@ -51,11 +51,13 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
     """The plugin on vLLM's V2 runner (model_runner "v2": vLLM's DFlash speculator drafting
     Domino's chain or trees; the chain verified by vLLM's own sampler, trees by the tree
     steps at V2's hooks) gives the target's greedy tokens and accepts, position by
-    position, exactly what the V1 tree runner accepts: the same drafts, the same paths."""
+    position, exactly what the V1 tree runner accepts: the same drafts, the same paths.
+    V2 runs traced, as the round-cost bench traces it: its stages are named (the host's
+    time in each is counted), and tracing changes nothing."""
     config = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": scorer, "budget": 16}
     target = pair_dirs["target"]
     v1 = run_engine("v1", target, speculative_config=config)
-    v2 = run_engine("v2", target, speculative_config={**config, "model_runner": "v2"})
+    v2 = run_engine("v2", target, speculative_config={**config, "model_runner": "v2"}, trace=True)
     assert v2["runner"] == "vllm_dominotree.engine.cpu_worker.DominoTreeCPUModelRunnerV2"
     assert v1["runner"] == "vllm_dominotree.engine.cpu_worker.DominoTreeCPUModelRunner"
     assert v2["tokens"] == v1["tokens"] == plain["tokens"]
@@ -66,6 +68,10 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
     ):
         assert v2["spec"][key] == v1["spec"][key], key
     assert v2["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0
+    stages = {"verify", "sample", "draft"} | (
+        set() if scorer == "chain" else {"prepare", "accept", "commit"}
+    )
+    assert set(v2["host_ms"]) == stages and all(v2["host_ms"].values()), v2["host_ms"]
 
 
 @pytest.mark.parametrize("scorer", ["chain", "conditional"])

@@ -14,7 +14,9 @@ RUNNER is v1 or v2 (VLLM_USE_V2_MODEL_RUNNER). It prints one JSON line: the runn
 class, the greedy tokens of the engine tests' prompts (OPTIONS may name others,
 "prompts", and "max_tokens"; the rest are LLM's arguments), or with SAMPLED that many
 seeded requests of conftest.SAMPLED_PROMPT sampled with SAMPLED_LAW, and vLLM's
-spec-decode counters (and the preemptions).
+spec-decode counters (and the preemptions). With "trace": true in OPTIONS the requests
+run under the benchmarks' worker trace (profiling.KernelTraceExtension), and the line
+holds the host's milliseconds per named stage ("host_ms").
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def main() -> None:
 
     prompts = options.pop("prompts", PROMPTS)
     max_tokens = options.pop("max_tokens", 48)
+    trace = options.pop("trace", False)
+    if trace:
+        options["worker_extension_cls"] = "vllm_dominotree.engine.profiling.KernelTraceExtension"
 
     llm = LLM(
         model=target,
@@ -63,6 +68,8 @@ def main() -> None:
         **options,
     )
     model_runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    if trace:
+        llm.collective_rpc("kernel_trace", args=(True,))
     result = {
         "runner": f"{type(model_runner).__module__}.{type(model_runner).__name__}",
         "tokens": sampled_runs(llm, int(sys.argv[4]), SAMPLED_LAW)
@@ -73,6 +80,8 @@ def main() -> None:
             getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions"
         ),
     }
+    if trace:
+        result["host_ms"] = llm.collective_rpc("kernel_trace", args=(False,))[0]["host_ms"]
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -117,10 +117,17 @@ class KernelTraceExtension:
     `llm.collective_rpc("kernel_trace", args=(True,))` ... `args=(False,)`."""
 
     def kernel_trace(self, enabled: bool) -> dict | None:
+        # The plugin's V2 runner names its stages while traced (v2_runner.py); vLLM's
+        # own runners have no stage clock, and their kernels are all "outside".
+        clock = getattr(self.model_runner, "stage_clock", None)
         if enabled:
             self._kernel_trace = LaunchTrace()
             self._kernel_trace.start()
+            if clock is not None:
+                clock.labels = True
             return None
+        if clock is not None:
+            clock.labels = False
         return self._kernel_trace.stop()
 
 

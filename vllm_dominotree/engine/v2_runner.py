@@ -27,6 +27,7 @@ from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from ..patches.worker_classes import v2_runner_builds_speculator
+from ..stage_clock import StageClock
 from .acceptance import Accepted, accept_trees, draw_targets
 from .commit import drafter_rows_first, target_kv
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
@@ -41,6 +42,12 @@ class DominoTreeV2RunnerMixin:
         with v2_runner_builds_speculator(DominoTreeSpeculator):
             super().__init__(vllm_config, device)
         assert isinstance(self.speculator, DominoTreeSpeculator), "see patches/worker_classes.py"
+        # The step's stages as profiler ranges while a benchmark traces the worker
+        # (profiling.KernelTraceExtension turns `labels` on): verify (the target's
+        # forward, prepare inside it), sample (vLLM's sampling and bookkeeping, accept
+        # and draft inside it), commit and draft (the speculator). Off, a no-op.
+        self.stage_clock = StageClock(torch.device(device))
+        self.speculator.stage = self.stage_clock.stage
         self._trees = not self.speculator.chain
         self._step: TreeStep | None = None
         self._accepted: Accepted | None = None
@@ -83,6 +90,14 @@ class DominoTreeV2RunnerMixin:
         finally:
             self._verification.capturing = False
 
+    def execute_model(self, *args, **kwargs):
+        with self.stage_clock.stage("verify"):
+            return super().execute_model(*args, **kwargs)
+
+    def sample_tokens(self, *args, **kwargs):
+        with self.stage_clock.stage("sample"):
+            return super().sample_tokens(*args, **kwargs)
+
     def read_stats(self):
         raise NotImplementedError(
             "dominotree: the V2 runner keeps no tree statistics yet; vLLM's own "
@@ -93,11 +108,12 @@ class DominoTreeV2RunnerMixin:
     def prepare_attn(self, input_batch):
         block_tables, slot_mappings = super().prepare_attn(input_batch)
         if self._trees:
-            self._slot_mapping = slot_mappings[self._target_group]
-            self._step = self._describe_trees(input_batch)
-            self._verification.step = self._step
-            if self._step is not None:
-                input_batch.positions[: self._step.num_tokens] += self._step.token_delta
+            with self.stage_clock.stage("prepare"):
+                self._slot_mapping = slot_mappings[self._target_group]
+                self._step = self._describe_trees(input_batch)
+                self._verification.step = self._step
+                if self._step is not None:
+                    input_batch.positions[: self._step.num_tokens] += self._step.token_delta
         return block_tables, slot_mappings
 
     def _describe_trees(self, input_batch) -> TreeStep | None:
@@ -146,6 +162,10 @@ class DominoTreeV2RunnerMixin:
 
     # 3. accept (and move the K/V) ------------------------------------------------------
     def _accept(self, logits: torch.Tensor, input_batch) -> SamplerOutput:
+        with self.stage_clock.stage("accept"):
+            return self._accept_trees(logits, input_batch)
+
+    def _accept_trees(self, logits: torch.Tensor, input_batch) -> SamplerOutput:
         step = self._step
         if step is None:
             raise RuntimeError("dominotree: drafts were verified without a tree description")

@@ -26,6 +26,7 @@ target's own. Trees are accepted by the runner's tree sampler (v2_sampler.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -60,6 +61,8 @@ class DominoTreeSpeculator(DFlashSpeculator):
         self.state_table: torch.Tensor | None = None
         # Set by the runner: commit(input_batch, aux_hidden_states), before drafting.
         self.commit: Callable[[Any, list[torch.Tensor] | None], None] | None = None
+        # Set by the runner: its stage clock's stage(name), profiler ranges for benchmarks.
+        self.stage: Callable[[str], AbstractContextManager] = lambda name: nullcontext()
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
@@ -95,22 +98,25 @@ class DominoTreeSpeculator(DFlashSpeculator):
         *args,
         **kwargs,
     ) -> torch.Tensor:
-        if self.commit is not None and not kwargs.get("dummy_run", False):
-            self.commit(input_batch, aux_hidden_states)
-        drafts = super().propose(
-            input_batch,
-            attn_metadata,
-            slot_mappings,
-            last_hidden_states,
-            aux_hidden_states,
-            *args,
-            **kwargs,
-        )
-        if self.state_table is not None and not kwargs.get("dummy_run", False):
-            num_reqs = input_batch.num_reqs
-            self.state_table[:, input_batch.idx_mapping[:num_reqs]] = self.builder.table[
-                :, :num_reqs
-            ]
+        dummy = kwargs.get("dummy_run", False)
+        if self.commit is not None and not dummy:
+            with self.stage("commit"):
+                self.commit(input_batch, aux_hidden_states)
+        with self.stage("draft"):
+            drafts = super().propose(
+                input_batch,
+                attn_metadata,
+                slot_mappings,
+                last_hidden_states,
+                aux_hidden_states,
+                *args,
+                **kwargs,
+            )
+            if self.state_table is not None and not dummy:
+                num_reqs = input_batch.num_reqs
+                self.state_table[:, input_batch.idx_mapping[:num_reqs]] = self.builder.table[
+                    :, :num_reqs
+                ]
         return drafts
 
     def _generate_draft(
