@@ -5,7 +5,7 @@
 # Jobs:
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
 #                     kernel, builder and engine tests, 13 jobs) and `suite bf16` (the bf16
-#                     test's baselines and its 14 variants, which await them) -> $OUT/suite_PART.log
+#                     test's baselines and its 18 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -163,7 +163,7 @@ $e::test_paths_attention_refused_without_fa3"
         jobs=("tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]")
         for pair in toy smollm2; do
           for variant in chain marginal conditional paths-conditional fixup-conditional \
-            one-pass-fixup-conditional triton-conditional; do
+            one-pass-fixup-conditional triton-conditional v2-chain v2-conditional; do
             jobs+=("bf16-variant $pair-$variant")
           done
         done ;;

@@ -15,6 +15,7 @@ from path_checks import attend_case, publish_case, reference
 from tree_attention_check import random_case
 
 from vllm_dominotree.config import attention_mode, path_splits
+from vllm_dominotree.engine import tree_attention_setup
 from vllm_dominotree.engine.tree_paths import PathTables, slot_view, split_into_paths
 from vllm_dominotree.tree.ancestry import tree_bits
 
@@ -147,6 +148,25 @@ def test_the_attention_mode_is_checked(monkeypatch):
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "fa3")
     with pytest.raises(ValueError, match="DOMINOTREE_CUDA_TREE_ATTENTION='fa3'; use one of"):
         attention_mode()
+
+
+def test_each_runner_takes_the_tree_attention_it_has(monkeypatch):
+    """V1: one pass where the target runs FA3 (paths where FA3's call also writes the KV
+    cache), else fixup; V2 has no one pass: paths on FA3, and an asked-for one pass is
+    refused at startup, naming the variable and the choices."""
+    choose = tree_attention_setup.cuda_tree_attention
+    for kv_update, v1_auto in ((False, "one-pass"), (True, "paths")):
+        assert choose(fa3=True, kv_update_in_forward=kv_update, one_pass_allowed=True) == v1_auto
+        assert choose(fa3=True, kv_update_in_forward=kv_update, one_pass_allowed=False) == "paths"
+    for one_pass_allowed in (True, False):
+        assert choose(False, False, one_pass_allowed) == "fixup"
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
+    assert choose(True, False, False) == choose(True, False, True) == "paths"
+    for mode in ("one-pass", "one-pass-fixup"):
+        monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
+        assert choose(True, False, True) == mode
+        with pytest.raises(ValueError, match=f"{mode} is not available with model_runner 'v2'"):
+            choose(True, False, False)
 
 
 def test_the_path_split_count_is_checked(monkeypatch):

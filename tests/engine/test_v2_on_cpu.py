@@ -72,6 +72,10 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
         set() if scorer == "chain" else {"prepare", "accept", "commit"}
     )
     assert set(v2["host_ms"]) == stages and all(v2["host_ms"].values()), v2["host_ms"]
+    # The runners' reports say which verified: V2's, its scorer and tree attention.
+    assert v1["report"]["model_runner"] == "v1" and v1["report"]["steps"] > 0
+    assert v2["report"]["model_runner"] == "v2" and v2["report"]["scorer"] == scorer
+    assert v2["report"].get("tree_attention") == (None if scorer == "chain" else "cpu")
 
 
 @pytest.mark.parametrize("scorer", ["chain", "conditional"])

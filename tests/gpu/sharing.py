@@ -38,22 +38,23 @@ def run_engine(
     margins: bool = False,
     **engine,
 ) -> tuple:
-    """One engine over the prompts: their output tokens, and the plugin's stats when the
-    engine speculates with its tree runner (vLLM's spec-decode counters with any other
-    speculative config); with `margins` (params asking for logprobs >= 2) also, per
-    prompt and output position, (the top token's log-prob lead over the runner-up, the
-    runner-up). env: variables for the engine's processes (spawned with it); engine:
-    LLM's arguments (engine_memory's among them)."""
+    """One engine over the prompts: their output tokens, and the plugin's report when the
+    engine speculates with it (`dominotree_stats`), with vLLM's spec-decode counters
+    added for any other speculative config and for the plugin's V2 runner; with `margins`
+    (params asking for logprobs >= 2) also, per prompt and output position, (the top
+    token's log-prob lead over the runner-up, the runner-up). env: variables for the
+    engine's processes (spawned with it); engine: LLM's arguments (engine_memory's among
+    them)."""
     import gc
 
     import pytest
     from vllm import LLM
 
     config = speculative_config or {}
-    tree_runner = config.get("method") == "dominotree" and config.get("model_runner", "v1") == "v1"
-    # vLLM's own methods and the V2 runner keep no tree stats: their spec-decode counters
-    # instead, which LLM keeps only with stat logging on.
-    counters = bool(config) and not tree_runner
+    plugin = config.get("method") == "dominotree"
+    # vLLM's own methods and the plugin's V2 runner (which keeps no step counters yet):
+    # vLLM's spec-decode counters, which LLM keeps only with stat logging on.
+    counters = bool(config) and not (plugin and config.get("model_runner", "v1") == "v1")
     with pytest.MonkeyPatch.context() as patch:
         for key, value in (env or {}).items():
             patch.setenv(key, value)
@@ -69,11 +70,9 @@ def run_engine(
         )
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    stats = None
-    if tree_runner:
-        stats = llm.collective_rpc("dominotree_stats")[0]
-    elif counters:
-        stats = {
+    stats = llm.collective_rpc("dominotree_stats")[0] if plugin else None
+    if counters:
+        stats = (stats or {}) | {
             m.name: getattr(m, "value", None) or getattr(m, "values", None)
             for m in llm.get_metrics()
             if m.name.startswith("vllm:spec_decode")

@@ -169,7 +169,9 @@ def test_baselines(baselines):
 # rounding left SmolLM2's output on 64 of 100 prompts, H200 2026-12-02),
 # `one-pass-fixup-conditional`, that kernel for every row and no stock pass; and
 # `triton-conditional`, the Triton node step and pop (DOMINOTREE_NODE_STEP=triton; it
-# needs a top-M restriction, and the toy vocabulary is 64 tokens: M 32).
+# needs a top-M restriction, and the toy vocabulary is 64 tokens: M 32); `v2-...`, the
+# plugin on vLLM's V2 runner (model_runner "v2": no one pass there, path requests under
+# the stock pass on FA3).
 VARIANTS = {
     "chain": ({}, {}),
     "marginal": ({}, {}),
@@ -178,6 +180,8 @@ VARIANTS = {
     "fixup-conditional": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
     "one-pass-fixup-conditional": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-fixup"}),
     "triton-conditional": ({"candidates": 32}, {"DOMINOTREE_NODE_STEP": "triton"}),
+    "v2-chain": ({"model_runner": "v2"}, {}),
+    "v2-conditional": ({"model_runner": "v2"}, {}),
 }
 
 
@@ -193,6 +197,27 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
         **options,
     }
     tokens, stats = generate(pair, config, env=env)
+    name = f"dominotree {variant} ({stats.get('tree_attention', 'vLLM verification')})"
+    if options.get("model_runner") == "v2":
+        assert stats["model_runner"] == "v2"
+        assert stats["vllm:spec_decode_num_accepted_tokens"] > 0
+        # The chain keeps vLLM's verification; trees on FA3 take path requests.
+        assert stats.get("tree_attention") == (None if scorer == "chain" else "paths")
+    else:
+        check_tree_runner_stats(stats, scorer, env)
+    # The baselines only now: a process of its own may still be computing them.
+    baselines = request.getfixturevalue("baselines")
+    found = diverged(tokens, baselines, name)
+    # No worse: not significantly more prompts than vLLM's DFlash leaves.
+    p_value = worse_p_value(len(found), len(baselines["dflash"]), NUM_PROMPTS)
+    print(f"{name}: one-sided p against vLLM dflash's {len(baselines['dflash'])}: {p_value:.3f}")
+    # Every divergence a flipped near-tie of the target's: rounding, not a wrong row.
+    assert not_near_ties(found) == []
+    assert p_value >= SIGNIFICANCE
+
+
+def check_tree_runner_stats(stats: dict, scorer: str, env: dict) -> None:
+    """The V1 tree runner ran what the variant asks for."""
     # bf16 on the H200 runs FA3: the default tree attention ("auto") is one pass.
     attention = env.get("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass")
     assert stats["tree_attention"] == attention
@@ -203,13 +228,3 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
         assert stats["fixup_rounding"] == "fa3"
     if scorer != "chain":
         assert stats["sibling_accepts"] > 0  # trees that branch, and rows that were fixed
-    # The baselines only now: a process of its own may still be computing them.
-    baselines = request.getfixturevalue("baselines")
-    name = f"dominotree {variant} ({stats['tree_attention']})"
-    found = diverged(tokens, baselines, name)
-    # No worse: not significantly more prompts than vLLM's DFlash leaves.
-    p_value = worse_p_value(len(found), len(baselines["dflash"]), NUM_PROMPTS)
-    print(f"{name}: one-sided p against vLLM dflash's {len(baselines['dflash'])}: {p_value:.3f}")
-    # Every divergence a flipped near-tie of the target's: rounding, not a wrong row.
-    assert not_near_ties(found) == []
-    assert p_value >= SIGNIFICANCE

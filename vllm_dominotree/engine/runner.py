@@ -30,20 +30,18 @@ import torch
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.outputs import SamplerOutput
 
-from ..config import attention_mode, path_splits
+from ..config import attention_mode
 from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
-from . import attention_check
+from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
-from .backend_support import runs_fa3
 from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
-from .tree_paths import PathTables, slot_view
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 
 
@@ -153,18 +151,10 @@ class DominoTreeWorkerMixin:
     """Mixed into the DominoTree workers: the RPCs the tests and benchmarks call."""
 
     def dominotree_stats(self) -> dict:
-        """Counters of the tree runner (read with LLM.collective_rpc), and the seconds
-        per stage while profiling (profiling.py)."""
-        stats = self.model_runner.read_stats()
-        return asdict(stats) | {
-            "mean_accept_length": stats.mean_accept_length,
-            "mean_leaves": stats.mean_leaves,
-            "stage_seconds": dict(self.model_runner.stage_clock.seconds),
-            # vLLM's asynchronous scheduling (the next step prepared while this one runs)
-            "async_scheduling": bool(self.model_runner.use_async_scheduling),
-            # DOMINOTREE_CHECK_TREE_ATTENTION=1: the recomputed rows against the reference
-            "tree_attention_check": self.model_runner.attention_check(),
-        }
+        """The runner's report (read with LLM.collective_rpc): the tree runner's counters
+        and the seconds per stage while profiling (profiling.py); the V2 runner's is
+        shorter (v2_runner.py)."""
+        return self.model_runner.stats_report()
 
     def dominotree_profile(self, enabled: bool) -> None:
         """Start (or stop) timing the stages; the stage totals start again from zero."""
@@ -221,37 +211,21 @@ class DominoTreeRunnerMixin:
             self.drafter.budget + 1,
             check=self.device.type == "cuda" and attention_check.enabled(),
         )
-        mode = attention_mode()
         target = forward_context[min(self._target_layers)]
         cuda = self.device.type == "cuda"
-        fa3 = cuda and runs_fa3(target)
-        if cuda and (mode in ("paths", "one-pass") or (mode == "auto" and fa3)):
-            # Allocated here, before vLLM measures the memory left for the KV cache.
-            self._verification.paths = PathTables(
+        self._stats.tree_attention = "cpu"
+        if cuda:
+            self._stats.tree_attention = tree_attention_setup.configure(
+                self._verification,
+                target,
+                one_pass_allowed=True,
                 max_paths=min(self.max_num_reqs * self.drafter.budget, self.max_num_tokens),
                 max_tokens=self.max_num_tokens,
                 max_len=self.max_model_len,
                 device=self.device,
-                splits=path_splits(),
             )
-        # One pass skips the stock pass: "auto" takes it where that pass does not also
-        # write the KV cache (a later vLLM's may: then the two passes).
-        self._verification.one_pass = cuda and (
-            mode in ("one-pass", "one-pass-fixup")
-            or (mode == "auto" and fa3 and not target.attn_backend.forward_includes_kv_cache_update)
-        )
-        if self._verification.one_pass:
-            self._verification.all_rows = torch.ones_like(self._tree_buffers.token_needs_fix)
         install(self._verification)
         paths = self._verification.paths
-        attention = "fixup" if paths is None else "paths"
-        self._stats.tree_attention = (
-            "cpu"
-            if not cuda
-            else {"paths": "one-pass", "fixup": "one-pass-fixup"}[attention]
-            if self._verification.one_pass
-            else attention
-        )
         self._stats.scorer_step = self.drafter.scorer.step
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
@@ -285,25 +259,11 @@ class DominoTreeRunnerMixin:
                     "or fixup"
                 )
             if self._verification.paths is not None:
-                self._check_paths_backend(layer)
-
-    def _check_paths_backend(self, layer) -> None:
-        """DOMINOTREE_CUDA_TREE_ATTENTION=paths (one-pass) needs FA3 and a cache that a
-        one-slot page view can address: checked before any graph is captured."""
-        if not runs_fa3(layer):
-            mode = attention_mode()
-            raise ValueError(
-                f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode} needs vLLM's "
-                f"FlashAttention backend with FA3; this target runs {type(layer.impl).__name__}"
-                " (float32 models use Triton): unset it or set it to fixup"
-            )
-        slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
-        tables = self._verification.paths
-        # The build's Triton kernels compiled now, on the buffers every step passes (one
-        # tree of no rows: nothing is built), not on the first request's step.
-        for every_row in {False, self._verification.one_pass}:
-            self._build_paths(num_trees=1, num_paths=1, max_root=0, every_row=every_row)
-        tables.clear()
+                tree_attention_setup.check_paths_backend(
+                    self._verification,
+                    layer,
+                    lambda every_row: self._build_paths(1, 1, max_root=0, every_row=every_row),
+                )
 
     def _prepare_tree_attention(self, step: TreeStep | None) -> None:
         """Whether this step runs one pass (its requests all trees), and the step's path
@@ -369,6 +329,19 @@ class DominoTreeRunnerMixin:
         """DOMINOTREE_CHECK_TREE_ATTENTION=1: the checked rows and their largest error
         against the reference (engine/attention_check.py); None when off."""
         return asdict(attention_check.CHECK) if self._verification.check else None
+
+    def stats_report(self) -> dict:
+        stats = self.read_stats()
+        return asdict(stats) | {
+            "model_runner": "v1",
+            "mean_accept_length": stats.mean_accept_length,
+            "mean_leaves": stats.mean_leaves,
+            "stage_seconds": dict(self.stage_clock.seconds),
+            # vLLM's asynchronous scheduling (the next step prepared while this one runs)
+            "async_scheduling": bool(self.use_async_scheduling),
+            # DOMINOTREE_CHECK_TREE_ATTENTION=1: the recomputed rows against the reference
+            "tree_attention_check": self.attention_check(),
+        }
 
     def read_stats(self) -> DominoTreeStats:
         self._fold_step_stats(wait=True)

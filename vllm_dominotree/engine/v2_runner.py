@@ -28,6 +28,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from ..patches.worker_classes import v2_runner_builds_speculator
 from ..stage_clock import StageClock
+from . import tree_attention_setup
 from .acceptance import Accepted, accept_trees, draw_targets
 from .commit import drafter_rows_first, target_kv
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
@@ -67,6 +68,18 @@ class DominoTreeV2RunnerMixin:
         self._verification = TreeVerification(
             self._tree_buffers, self._target_layers, speculator.shape.budget + 1
         )
+        self.tree_attention = "cpu"
+        if self.device.type == "cuda":
+            budget = speculator.shape.budget
+            self.tree_attention = tree_attention_setup.configure(
+                self._verification,
+                forward_context[min(self._target_layers)],
+                one_pass_allowed=False,
+                max_paths=min(self.max_num_reqs * budget, self.max_num_tokens),
+                max_tokens=self.max_num_tokens,
+                max_len=self.max_model_len,
+                device=self.device,
+            )
         install(self._verification)
         self.rejection_sampler = TreeRejectionSampler(self._accept)
         speculator.commit = self._commit
@@ -78,6 +91,14 @@ class DominoTreeV2RunnerMixin:
         forward_context = self.compilation_config.static_forward_context
         layers = {n: forward_context[n] for n in self._target_layers}
         self._target_group, self._kv_mover = target_kv(kv_cache_config, layers, self.device)
+        if self._verification.paths is not None:
+            tree_attention_setup.check_paths_backend(
+                self._verification,
+                layers[min(layers)],
+                lambda every_row: self._build_paths(
+                    1, 1, 0, self.input_buffers.positions, self.block_tables.slot_mappings
+                ),
+            )
 
     def capture_model(self, *args, **kwargs):
         if not self._trees:
@@ -98,11 +119,21 @@ class DominoTreeV2RunnerMixin:
         with self.stage_clock.stage("sample"):
             return super().sample_tokens(*args, **kwargs)
 
-    def read_stats(self):
-        raise NotImplementedError(
-            "dominotree: the V2 runner keeps no tree statistics yet; vLLM's own "
-            "spec-decode metrics count its drafts and accepts"
-        )
+    def stats_report(self) -> dict:
+        """How this engine verifies (no step counters on V2 yet: vLLM's spec-decode
+        metrics count its drafts and accepts; DominoTree's /metrics block stays empty)."""
+        report = {
+            "model_runner": "v2",
+            "scorer": self.speculator.options.scorer,
+            "scorer_step": self.speculator.scorer.step,
+            "stage_seconds": dict(self.stage_clock.seconds),
+        }
+        if self._trees:
+            report["tree_attention"] = self.tree_attention
+            paths = self._verification.paths
+            if paths is not None:
+                report["path_splits"] = "vllm" if paths.splits is None else str(paths.splits)
+        return report
 
     # 1. prepare ------------------------------------------------------------------------
     def prepare_attn(self, input_batch):
@@ -112,9 +143,46 @@ class DominoTreeV2RunnerMixin:
                 self._slot_mapping = slot_mappings[self._target_group]
                 self._step = self._describe_trees(input_batch)
                 self._verification.step = self._step
+                if self._verification.paths is not None:
+                    trees = self._step.trees if self._step is not None else []
+                    self._build_paths(
+                        len(trees),
+                        sum(t.num_rows - 1 for t in trees),  # each owns a drafted row
+                        max((t.start for t in trees), default=0),
+                        input_batch.positions,
+                        slot_mappings,
+                    )
                 if self._step is not None:
                     input_batch.positions[: self._step.num_tokens] += self._step.token_delta
         return block_tables, slot_mappings
+
+    def _build_paths(
+        self,
+        num_trees: int,
+        num_paths: int,
+        max_root: int,
+        positions: torch.Tensor,  # [>= T] linear (a root row's: the root's position)
+        slot_mappings: torch.Tensor,  # [groups, >= T]
+    ) -> None:
+        """The step's path requests (tree_paths.py), built on the device from its
+        description and vLLM's batch-ordered block table: each tree's fixed rows, under
+        the stock pass (no one pass on V2). max_root bounds the roots' positions (the
+        host's counts are exact or optimistic under asynchronous scheduling)."""
+        rows_per_tree = self._verification.rows_per_tree
+        tables = self._verification.paths
+        group = self._target_group
+        tables.build(
+            self._tree_buffers.tree_rows(num_trees),
+            rows_per_tree,
+            num_paths=num_paths,
+            num_keys=min(max_root + rows_per_tree, tables.max_len),
+            ancestors=self._tree_buffers.token_ancestors,
+            needs_fix=self._tree_buffers.token_needs_fix,
+            positions=positions,
+            block_table=self.block_tables.input_block_tables[group],
+            block_size=self.block_tables.block_sizes[group],
+            slot_mapping=slot_mappings[group],
+        )
 
     def _describe_trees(self, input_batch) -> TreeStep | None:
         num_reqs = input_batch.num_reqs
