@@ -5,8 +5,9 @@ few Triton kernels, where the V1 runner that the tree runner (runner.py) extends
 rebuilds a host-side batch each step: on the H200 that host work paced the plugin's
 batch-1 round (docs/v2-runner-port.md). This mixin gives the V2 runner the plugin's
 speculator (v2_speculator.py). The chain is verified by vLLM's own sampler (exact for a
-chain). Trees take the tree runner's steps, at V2's hooks (on CUDA with the fix-up
-kernel beside vLLM's attention, recorded in its FULL graphs):
+chain). Trees take the tree runner's steps, at V2's hooks (on CUDA after vLLM's own
+attention pass, FA3 path requests or the fix-up kernel recompute the branched rows,
+recorded in its FULL graphs: tree_attention_setup.py):
 1. prepare (`prepare_attn`, after vLLM's slot mappings from linear positions): the
    step's trees described (tree_step.py; the tables by request-state slot) and the tree
    rows' positions moved to root + depth;
