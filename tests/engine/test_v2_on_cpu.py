@@ -16,6 +16,9 @@ from .conftest import assert_runs_follow_the_target
 from .test_robustness import PREEMPT_MAX_TOKENS, PREEMPT_PROMPTS, _prompt
 from .v2_on_cpu import SAMPLED_LAW
 
+V2_COUNTERS = ("steps", "trees", "tree_nodes", "accepted_tokens", "sibling_accepts",
+               "tree_leaves", "kv_moves", "eager_accepts")  # fmt: skip
+
 HERE = Path(__file__).parent
 
 
@@ -72,10 +75,25 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
         set() if scorer == "chain" else {"prepare", "accept", "commit"}
     )
     assert set(v2["host_ms"]) == stages and all(v2["host_ms"].values()), v2["host_ms"]
-    # The runners' reports say which verified: V2's, its scorer and tree attention.
+    # The runners' reports say which verified: V2's, its scorer and tree attention, and
+    # for trees V1's step counters with the same values (the same trees, the same
+    # accepts), in the report and in the /metrics block.
     assert v1["report"]["model_runner"] == "v1" and v1["report"]["steps"] > 0
-    assert v2["report"]["model_runner"] == "v2" and v2["report"]["scorer"] == scorer
-    assert v2["report"].get("tree_attention") == (None if scorer == "chain" else "cpu")
+    report = v2["report"]
+    assert report["model_runner"] == "v2" and report["scorer"] == scorer
+    if scorer == "chain":
+        assert "tree_attention" not in report and "steps" not in report
+        return
+    assert report["tree_attention"] == "cpu"
+    for name in V2_COUNTERS:
+        assert report[name] == v2["metrics"][name], name
+        if name != "eager_accepts":  # V1 also counts accepts of steps without trees
+            assert report[name] == v1["report"][name], name
+    assert report["eager_accepts"] == report["steps"]  # no accept graphs on V2 yet
+    assert report["accepted_tokens"] == v2["spec"]["vllm:spec_decode_num_accepted_tokens"]
+    assert report["mean_accept_length"] == v1["report"]["mean_accept_length"]
+    if scorer == "conditional":
+        assert report["sibling_accepts"] > 0 and report["kv_moves"] > 0
 
 
 @pytest.mark.parametrize("scorer", ["chain", "conditional"])

@@ -14,7 +14,8 @@ RUNNER is v1 or v2 (VLLM_USE_V2_MODEL_RUNNER). It prints one JSON line: the runn
 class, the greedy tokens of the engine tests' prompts (OPTIONS may name others,
 "prompts", and "max_tokens"; the rest are LLM's arguments), or with SAMPLED that many
 seeded requests of conftest.SAMPLED_PROMPT sampled with SAMPLED_LAW, and vLLM's
-spec-decode counters (and the preemptions; with the plugin, its runner's report). With
+spec-decode counters (and the preemptions; with the plugin, its runner's report and the
+counters of its /metrics block). With
 "trace": true in OPTIONS the requests run under the benchmarks' worker trace
 (profiling.KernelTraceExtension), and the line holds the host's milliseconds per named
 stage ("host_ms").
@@ -85,6 +86,11 @@ def main() -> None:
         result["host_ms"] = llm.collective_rpc("kernel_trace", args=(False,))[0]["host_ms"]
     if options.get("speculative_config", {}).get("method") == "dominotree":
         result["report"] = llm.collective_rpc("dominotree_stats")[0]
+        result["metrics"] = {
+            m.name.removeprefix("dominotree_"): m.value
+            for m in llm.get_metrics()
+            if m.name.startswith("dominotree_") and hasattr(m, "value")
+        }
     print("RESULT " + json.dumps(result), flush=True)
 
 

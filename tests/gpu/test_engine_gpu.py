@@ -124,6 +124,9 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     assert stats["vllm:spec_decode_num_accepted_tokens"] > 0
     # float32 runs vLLM's Triton backend: the fix-up kernel (path requests need FA3).
     assert stats["model_runner"] == "v2" and stats["tree_attention"] == "fixup"
+    # The runner's counters agree with vLLM's; trees branch, and accepted paths move.
+    assert stats["accepted_tokens"] == stats["vllm:spec_decode_num_accepted_tokens"]
+    assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
 
 
 def test_mixed_prefill_and_trees_piecewise(dirs, expected):

@@ -22,19 +22,36 @@ recorded in its FULL graphs: tree_attention_setup.py):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
+from ..metrics import engine_block
 from ..patches.worker_classes import v2_runner_builds_speculator
 from ..stage_clock import StageClock
 from . import tree_attention_setup
-from .acceptance import Accepted, accept_trees, draw_targets
+from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .commit import drafter_rows_first, target_kv
+from .step_stats import DominoTreeStats, StepCounts, fold_steps
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 from .v2_sampler import TreeRejectionSampler, step_law
 from .v2_speculator import DominoTreeSpeculator
+
+# The counters the V2 runner keeps (its report and the /metrics block), of
+# step_stats.DominoTreeStats.
+V2_COUNTERS = (
+    "steps",
+    "trees",
+    "tree_nodes",
+    "accepted_tokens",
+    "sibling_accepts",
+    "tree_leaves",
+    "kv_moves",
+    "eager_accepts",
+)
 
 
 class DominoTreeV2RunnerMixin:
@@ -53,6 +70,13 @@ class DominoTreeV2RunnerMixin:
         self._trees = not self.speculator.chain
         self._step: TreeStep | None = None
         self._accepted: Accepted | None = None
+        # The trees' counters (step_stats.py): the step counters V1 keeps, with every
+        # accept eager (no accept graphs on V2 yet); none for the chain, which vLLM
+        # verifies (its spec-decode metrics count it).
+        self._stats = DominoTreeStats()
+        self._step_counts = StepCounts(torch.device(device))
+        self._metrics = None  # the /metrics block (metrics.py), on the first rank
+        self._published = DominoTreeStats()
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -82,6 +106,10 @@ class DominoTreeV2RunnerMixin:
                 device=self.device,
             )
         install(self._verification)
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures
+            self._metrics = engine_block()
         self.rejection_sampler = TreeRejectionSampler(self._accept)
         speculator.commit = self._commit
 
@@ -121,8 +149,9 @@ class DominoTreeV2RunnerMixin:
             return super().sample_tokens(*args, **kwargs)
 
     def stats_report(self) -> dict:
-        """How this engine verifies (no step counters on V2 yet: vLLM's spec-decode
-        metrics count its drafts and accepts; DominoTree's /metrics block stays empty)."""
+        """How this engine verifies and, for trees, the step counters V2 keeps (V1's
+        others, graph and build counts, are not kept here: left out, not zero). The chain
+        is verified by vLLM: its spec-decode metrics count it."""
         report = {
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
@@ -130,11 +159,26 @@ class DominoTreeV2RunnerMixin:
             "stage_seconds": dict(self.stage_clock.seconds),
         }
         if self._trees:
+            self._fold_step_stats(wait=True)
+            stats = self._stats
+            report |= {name: getattr(stats, name) for name in V2_COUNTERS}
+            report["mean_accept_length"] = stats.mean_accept_length
+            report["mean_leaves"] = stats.mean_leaves
             report["tree_attention"] = self.tree_attention
             paths = self._verification.paths
             if paths is not None:
                 report["path_splits"] = "vllm" if paths.splits is None else str(paths.splits)
         return report
+
+    def _fold_step_stats(self, wait: bool) -> None:
+        """The landed steps' figures into the stats and the /metrics block."""
+        fold_steps(self._stats, self._step_counts, wait)
+        if self._metrics is not None:
+            now, before = self._stats, self._published
+            self._metrics.add(
+                {name: getattr(now, name) - getattr(before, name) for name in V2_COUNTERS}
+            )
+            self._published = replace(now)
 
     # 1. prepare ------------------------------------------------------------------------
     def prepare_attn(self, input_batch):
@@ -232,6 +276,7 @@ class DominoTreeV2RunnerMixin:
     # 3. accept (and move the K/V) ------------------------------------------------------
     def _accept(self, logits: torch.Tensor, input_batch) -> SamplerOutput:
         with self.stage_clock.stage("accept"):
+            self._fold_step_stats(wait=False)  # earlier steps' counters, if landed
             return self._accept_trees(logits, input_batch)
 
     def _accept_trees(self, logits: torch.Tensor, input_batch) -> SamplerOutput:
@@ -256,6 +301,15 @@ class DominoTreeV2RunnerMixin:
             accepted.num_accepted,
         )
         self._accepted = accepted
+        self._stats.eager_accepts += 1
+        self._step_counts.push(
+            step_counters(step, accepted),
+            DominoTreeStats(
+                steps=int(bool(step.trees)),
+                trees=len(step.trees),
+                tree_nodes=sum(t.num_rows - 1 for t in step.trees),
+            ),
+        )
         num_sampled, num_rejected = get_num_sampled_and_rejected(
             (accepted.num_accepted + 1).to(torch.int32),
             input_batch.seq_lens,
