@@ -116,7 +116,7 @@ def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected):
 @pytest.mark.parametrize("scorer", ["conditional", "marginal"])
 def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     """Trees on vLLM's V2 runner (model_runner "v2"): the device builder in DFlash's FULL
-    graph, the tree kernel in the target's, tree acceptance eager."""
+    graph, the tree kernel in the target's, tree acceptance in the accept graphs."""
     config = {"method": "dominotree", "model": str(dirs[1]), "scorer": scorer, "model_runner": "v2"}
     tokens, stats = generate(dirs, config)
     print(f"{scorer}-v2", stats)
@@ -127,6 +127,8 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     # The runner's counters agree with vLLM's; trees branch, and accepted paths move.
     assert stats["accepted_tokens"] == stats["vllm:spec_decode_num_accepted_tokens"]
     assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
+    # Greedy steps accept through the accept graphs (accept_graphs.py).
+    assert stats["graph_accepts"] == stats["steps"] > 0 and stats["eager_accepts"] == 0
 
 
 def test_mixed_prefill_and_trees_piecewise(dirs, expected):

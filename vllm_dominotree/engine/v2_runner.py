@@ -33,6 +33,7 @@ from ..metrics import engine_block
 from ..patches.worker_classes import v2_runner_builds_speculator
 from ..stage_clock import StageClock
 from . import tree_attention_setup
+from .accept_graphs import AcceptGraphs
 from .acceptance import Accepted, accept_trees, draw_targets, step_counters
 from .commit import drafter_rows_first, target_kv
 from .step_stats import DominoTreeStats, StepCounts, fold_steps
@@ -50,6 +51,7 @@ V2_COUNTERS = (
     "sibling_accepts",
     "tree_leaves",
     "kv_moves",
+    "graph_accepts",
     "eager_accepts",
 )
 
@@ -70,10 +72,11 @@ class DominoTreeV2RunnerMixin:
         self._trees = not self.speculator.chain
         self._step: TreeStep | None = None
         self._accepted: Accepted | None = None
-        # The trees' counters (step_stats.py): the step counters V1 keeps, with every
-        # accept eager (no accept graphs on V2 yet); none for the chain, which vLLM
-        # verifies (its spec-decode metrics count it).
+        # The trees' counters (step_stats.py): the step counters V1 keeps and how each
+        # step accepted (graph or eager); none for the chain, which vLLM verifies (its
+        # spec-decode metrics count it).
         self._stats = DominoTreeStats()
+        self._accept_graphs: AcceptGraphs | None = None  # CUDA, once the KV cache exists
         self._step_counts = StepCounts(torch.device(device))
         self._metrics = None  # the /metrics block (metrics.py), on the first rank
         self._published = DominoTreeStats()
@@ -120,6 +123,14 @@ class DominoTreeV2RunnerMixin:
         forward_context = self.compilation_config.static_forward_context
         layers = {n: forward_context[n] for n in self._target_layers}
         self._target_group, self._kv_mover = target_kv(kv_cache_config, layers, self.device)
+        if self.device.type == "cuda":
+            self._accept_graphs = AcceptGraphs(
+                self._tree_buffers,
+                self._accept_and_move,
+                self.speculator.shape.budget + 1,
+                self.max_num_reqs,
+                self.device,
+            )
         if self._verification.paths is not None:
             tree_attention_setup.check_paths_backend(
                 self._verification,
@@ -136,9 +147,13 @@ class DominoTreeV2RunnerMixin:
         # FULL graphs contain it (cuda_attention.py); its replays read each step's trees.
         self._verification.capturing = True
         try:
-            return super().capture_model(*args, **kwargs)
+            out = super().capture_model(*args, **kwargs)
         finally:
             self._verification.capturing = False
+        if self._accept_graphs is not None and not kwargs.get("profile_only", False):
+            self._tree_buffers.clear()  # no trees: the warm-up runs move no K/V
+            self._accept_graphs.capture()
+        return out
 
     def execute_model(self, *args, **kwargs):
         with self.stage_clock.stage("verify"):
@@ -185,7 +200,6 @@ class DominoTreeV2RunnerMixin:
         block_tables, slot_mappings = super().prepare_attn(input_batch)
         if self._trees:
             with self.stage_clock.stage("prepare"):
-                self._slot_mapping = slot_mappings[self._target_group]
                 self._step = self._describe_trees(input_batch)
                 self._verification.step = self._step
                 if self._verification.paths is not None:
@@ -284,26 +298,28 @@ class DominoTreeV2RunnerMixin:
         if step is None:
             raise RuntimeError("dominotree: drafts were verified without a tree description")
         num_reqs = input_batch.num_reqs
-        positions = input_batch.positions
-        target = draw_targets(
-            logits,
-            step.request,
-            step.logits_ranges,
-            positions[step.token_row] + 1,  # a row at position p draws position p + 1
-            step_law(self.sampler.sampling_states, input_batch),
-        )
+        law = step_law(self.sampler.sampling_states, input_batch)
         last_rows = input_batch.cu_num_logits[1 : num_reqs + 1].long() - 1
-        accepted = accept_trees(step, target, last_rows, num_reqs, step.width)
-        self._kv_mover(
-            self._slot_mapping,
-            input_batch.query_start_loc[: num_reqs + 1],
-            accepted.path_offsets,
-            accepted.num_accepted,
-        )
+        graphs, result = self._accept_graphs, None
+        if graphs is not None and law.all_greedy:
+            result = graphs(logits, last_rows, step.width)
+        if result is None:  # sampled requests, CPU, no graph for the shape
+            target = draw_targets(
+                logits,
+                step.request,
+                step.logits_ranges,
+                # A row at (tree) position p draws the token of position p + 1.
+                input_batch.positions[step.token_row] + 1,
+                law,
+            )
+            result = self._accept_and_move(step, target, last_rows, num_reqs, step.width)
+            self._stats.eager_accepts += 1
+        else:
+            self._stats.graph_accepts += 1
+        accepted, counters = result
         self._accepted = accepted
-        self._stats.eager_accepts += 1
         self._step_counts.push(
-            step_counters(step, accepted),
+            counters,
             DominoTreeStats(
                 steps=int(bool(step.trees)),
                 trees=len(step.trees),
@@ -324,6 +340,26 @@ class DominoTreeV2RunnerMixin:
             num_sampled=num_sampled,
             num_rejected=num_rejected,
         )
+
+    def _accept_and_move(
+        self,
+        step: TreeStep,
+        target: torch.Tensor,
+        last_rows: torch.Tensor,
+        num_reqs: int,
+        width: int,
+    ) -> tuple[Accepted, torch.Tensor]:
+        """Acceptance, the step's counters and the accepted paths' K/V move: what an
+        accept graph replays (accept_graphs.py), or the eager path runs. It reads vLLM's
+        persistent slot mappings and query starts, so a replay reads each step's."""
+        accepted = accept_trees(step, target, last_rows, num_reqs, width)
+        self._kv_mover(
+            self.block_tables.slot_mappings[self._target_group],
+            self.input_buffers.query_start_loc[: num_reqs + 1],
+            accepted.path_offsets,
+            accepted.num_accepted,
+        )
+        return accepted, step_counters(step, accepted)
 
     # 4. commit the drafter's rows (the speculator calls this before it drafts) ----------
     def _commit(self, input_batch, aux_hidden_states) -> None:
