@@ -4,7 +4,7 @@
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
-#                     kernel, builder and engine tests, 13 jobs) and `suite bf16` (the bf16
+#                     kernel, builder and engine tests, 14 jobs) and `suite bf16` (the bf16
 #                     test's baselines and its 18 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
