@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from ..tree.scorers import padded_rows
-from .acceptance import Accepted
+from .acceptance import Accepted, accept_trees, step_counters
 from .tree_step import TreeStep, TreeStepBuffers
 
 # (step, target tokens [>= L], last logits row per request [R], R, width W) ->
@@ -33,6 +33,25 @@ from .tree_step import TreeStep, TreeStepBuffers
 AcceptStage = Callable[
     [TreeStep, torch.Tensor, torch.Tensor, int, int], tuple[Accepted, torch.Tensor]
 ]
+
+
+def accept_and_move(
+    step: TreeStep,
+    target: torch.Tensor,  # [>= L] the target's token at every logits row
+    last_rows: torch.Tensor,  # [R] each request's last logits row
+    num_reqs: int,
+    width: int,
+    kv_mover: Callable,  # commit.target_kv's: (slots, query starts, paths, counts)
+    slot_mapping: torch.Tensor,  # [>= T] the runner's persistent slot per forward row
+    query_start: torch.Tensor,  # [>= R + 1] its persistent query starts
+) -> tuple[Accepted, torch.Tensor]:
+    """Acceptance, the step's counters and the accepted paths' K/V move: the AcceptStage
+    of both runners (each binds its K/V mover and its persistent slot mapping and query
+    starts, so that a replay reads each step's), also what their eager path runs."""
+    accepted = accept_trees(step, target, last_rows, num_reqs, width)
+    starts = query_start[: num_reqs + 1]
+    kv_mover(slot_mapping, starts, accepted.path_offsets, accepted.num_accepted)
+    return accepted, step_counters(step, accepted)
 
 
 def trimmed(accepted: Accepted, num_reqs: int, num_logits: int, width: int) -> Accepted:

@@ -35,8 +35,8 @@ from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
 from . import attention_check, tree_attention_setup
-from .accept_graphs import AcceptGraphs
-from .acceptance import Accepted, accept_trees, draw_targets, step_counters
+from .accept_graphs import AcceptGraphs, accept_and_move
+from .acceptance import Accepted, draw_targets
 from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
@@ -392,14 +392,7 @@ class DominoTreeRunnerMixin:
             else:
                 self._stats.graph_accepts += 1
             accepted, counters = result
-            self._step_counts.push(
-                counters,
-                DominoTreeStats(
-                    steps=int(bool(step.trees)),
-                    trees=len(step.trees),
-                    tree_nodes=sum(t.num_rows - 1 for t in step.trees),
-                ),
-            )
+            self._step_counts.push(counters, step)
             self._accepted = accepted
         return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=None)
 
@@ -411,17 +404,10 @@ class DominoTreeRunnerMixin:
         num_reqs: int,
         width: int,
     ) -> tuple[Accepted, torch.Tensor]:
-        """Acceptance, the step's counters and the accepted paths' K/V move: what one
-        accept graph replays (accept_graphs.py), or the eager path runs."""
-        accepted = accept_trees(step, target, last_rows, num_reqs, width)
-        slot_mapping = self.input_batch.block_table[self._target_group].slot_mapping.gpu
-        self._kv_mover(
-            slot_mapping,
-            self.query_start_loc.gpu[: num_reqs + 1],
-            accepted.path_offsets,
-            accepted.num_accepted,
-        )
-        return accepted, step_counters(step, accepted)
+        """accept_graphs.accept_and_move on V1's slot mapping and query starts."""
+        table = self.input_batch.block_table[self._target_group]
+        return accept_and_move(step, target, last_rows, num_reqs, width, self._kv_mover,
+                               table.slot_mapping.gpu, self.query_start_loc.gpu)  # fmt: skip
 
     def _sample_without_trees(self, logits: torch.Tensor) -> SamplerOutput:
         """vLLM's sampler, except for seeded requests: they draw with the keyed noise of

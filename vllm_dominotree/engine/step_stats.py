@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .tree_step import TreeStep
+
 
 @dataclass
 class DominoTreeStats:
@@ -89,7 +91,14 @@ class StepCounts:
             deque()
         )
 
-    def push(self, counters: torch.Tensor, host: DominoTreeStats) -> None:
+    def push(self, counters: torch.Tensor, step: TreeStep) -> None:
+        """A step's device counters [4] (queued, no wait) and its trees as the host knows
+        them."""
+        host = DominoTreeStats(
+            steps=int(bool(step.trees)),
+            trees=len(step.trees),
+            tree_nodes=sum(t.num_rows - 1 for t in step.trees),
+        )
         if self._free:
             copy, event = self._free.pop()
         else:

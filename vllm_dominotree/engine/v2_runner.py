@@ -33,8 +33,8 @@ from ..metrics import engine_block
 from ..patches.worker_classes import v2_runner_builds_speculator
 from ..stage_clock import StageClock
 from . import tree_attention_setup
-from .accept_graphs import AcceptGraphs
-from .acceptance import Accepted, accept_trees, draw_targets, step_counters
+from .accept_graphs import AcceptGraphs, accept_and_move
+from .acceptance import Accepted, draw_targets
 from .commit import drafter_rows_first, target_kv
 from .step_stats import DominoTreeStats, StepCounts, fold_steps
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
@@ -318,14 +318,7 @@ class DominoTreeV2RunnerMixin:
             self._stats.graph_accepts += 1
         accepted, counters = result
         self._accepted = accepted
-        self._step_counts.push(
-            counters,
-            DominoTreeStats(
-                steps=int(bool(step.trees)),
-                trees=len(step.trees),
-                tree_nodes=sum(t.num_rows - 1 for t in step.trees),
-            ),
-        )
+        self._step_counts.push(counters, step)
         num_sampled, num_rejected = get_num_sampled_and_rejected(
             (accepted.num_accepted + 1).to(torch.int32),
             input_batch.seq_lens,
@@ -349,17 +342,10 @@ class DominoTreeV2RunnerMixin:
         num_reqs: int,
         width: int,
     ) -> tuple[Accepted, torch.Tensor]:
-        """Acceptance, the step's counters and the accepted paths' K/V move: what an
-        accept graph replays (accept_graphs.py), or the eager path runs. It reads vLLM's
-        persistent slot mappings and query starts, so a replay reads each step's."""
-        accepted = accept_trees(step, target, last_rows, num_reqs, width)
-        self._kv_mover(
-            self.block_tables.slot_mappings[self._target_group],
-            self.input_buffers.query_start_loc[: num_reqs + 1],
-            accepted.path_offsets,
-            accepted.num_accepted,
-        )
-        return accepted, step_counters(step, accepted)
+        """accept_graphs.accept_and_move on V2's slot mappings and query starts."""
+        slot_mapping = self.block_tables.slot_mappings[self._target_group]
+        return accept_and_move(step, target, last_rows, num_reqs, width, self._kv_mover,
+                               slot_mapping, self.input_buffers.query_start_loc)  # fmt: skip
 
     # 4. commit the drafter's rows (the speculator calls this before it drafts) ----------
     def _commit(self, input_batch, aux_hidden_states) -> None:
