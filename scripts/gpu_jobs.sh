@@ -167,7 +167,8 @@ $e::test_paths_attention_refused_without_fa3"
             one-pass-fixup-conditional triton-conditional v2-chain v2-conditional; do
             jobs+=("bf16-variant $pair-$variant")
           done
-        done ;;
+        done
+        jobs+=("bf16-variant toy-v2-paths-conditional") ;;
       *) echo "suite tests | suite bf16" >&2; exit 2 ;;
     esac
     rc=0

@@ -78,14 +78,15 @@ def test_one_pass_skips_the_stock_pass_only_for_steps_of_trees_alone(monkeypatch
 
     one = TreeVerification(None, frozenset(), 17, one_pass=True)
     two = TreeVerification(None, frozenset(), 17)
-    assert not stock_pass_skipped(one)  # eager: no step prepared yet
+    metadata = SimpleNamespace(max_query_len=17, seq_lens=torch.zeros(2, dtype=torch.int32))
+    assert not stock_pass_skipped(one, metadata, 34)  # eager: no step prepared yet
     one.every_row = two.every_row = True
-    assert stock_pass_skipped(one) and not stock_pass_skipped(two)
+    assert stock_pass_skipped(one, metadata, 34) and not stock_pass_skipped(two, metadata, 34)
     one.every_row = False  # a step with a request that is not a tree
-    assert not stock_pass_skipped(one)
-    # Capture: FULL graphs of uniform batches (replayed for all-tree steps only) record
-    # no stock pass; piecewise captures and FULL graphs of mixed batches (vLLM's pure
-    # FULL mode) keep it.
+    assert not stock_pass_skipped(one, metadata, 34)
+    # Capture, V1 (a FULL forward context): FULL graphs of uniform batches (replayed for
+    # all-tree steps only) record no stock pass; piecewise captures and FULL graphs of
+    # mixed batches (vLLM's pure FULL mode) keep it.
     one.capturing = two.capturing = True
     for mode, uniform, alone in [
         (CUDAGraphMode.FULL, True, True),
@@ -95,7 +96,24 @@ def test_one_pass_skips_the_stock_pass_only_for_steps_of_trees_alone(monkeypatch
         batch = BatchDescriptor(num_tokens=34, num_reqs=2, uniform=uniform)
         context = SimpleNamespace(cudagraph_runtime_mode=mode, batch_descriptor=batch)
         monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda c=context: c)
-        assert stock_pass_skipped(one) == alone and not stock_pass_skipped(two)
+        assert stock_pass_skipped(one, metadata, 34) == alone
+        assert not stock_pass_skipped(two, metadata, 34)
+    # Capture, V2 (mode NONE, no batch descriptor, the stream capturing): its uniform
+    # decode graphs of 1 + budget rows per request record no stock pass; its warm-up runs
+    # (not capturing), a mixed FULL graph's shape (max_query_len = its tokens) and a
+    # uniform graph of another row count keep it.
+    context = SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.NONE, batch_descriptor=None)
+    monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda: context)
+    for capturing, max_query_len, num_tokens, alone in [
+        (True, 17, 34, True),
+        (False, 17, 34, False),
+        (True, 34, 34, False),
+        (True, 8, 16, False),
+    ]:
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        metadata.max_query_len = max_query_len
+        assert stock_pass_skipped(one, metadata, num_tokens) == alone
+        assert not stock_pass_skipped(two, metadata, num_tokens)
 
 
 @pytest.mark.parametrize("each_row", [False, True])
@@ -151,22 +169,39 @@ def test_the_attention_mode_is_checked(monkeypatch):
 
 
 def test_each_runner_takes_the_tree_attention_it_has(monkeypatch):
-    """V1: one pass where the target runs FA3 (paths where FA3's call also writes the KV
-    cache), else fixup; V2 has no one pass: paths on FA3, and an asked-for one pass is
-    refused at startup, naming the variable and the choices."""
+    """One pass where the target runs FA3 (paths where FA3's call also writes the KV
+    cache, or where the engine cannot take one pass: V2 under cudagraph_mode FULL), else
+    fixup; an asked-for one pass such an engine cannot take is refused at startup, naming
+    the variable, the reason and the choices."""
+    from vllm.config import CUDAGraphMode
+
+    from vllm_dominotree.engine.v2_runner import DominoTreeV2RunnerMixin
+
+    def v2_reason(mode, adaptive=False):
+        runner = SimpleNamespace(
+            compilation_config=SimpleNamespace(cudagraph_mode=mode),
+            speculator=SimpleNamespace(enable_adaptive_verification=adaptive),
+        )
+        return DominoTreeV2RunnerMixin._no_one_pass(runner)
+
+    assert v2_reason(CUDAGraphMode.FULL_AND_PIECEWISE) is None  # vLLM's default
+    assert v2_reason(CUDAGraphMode.NONE) is None
+    assert "adaptive verification" in v2_reason(CUDAGraphMode.FULL_AND_PIECEWISE, True)
+    reason = v2_reason(CUDAGraphMode.FULL)
+    assert "FULL_AND_PIECEWISE" in reason
     choose = tree_attention_setup.cuda_tree_attention
-    for kv_update, v1_auto in ((False, "one-pass"), (True, "paths")):
-        assert choose(fa3=True, kv_update_in_forward=kv_update, one_pass_allowed=True) == v1_auto
-        assert choose(fa3=True, kv_update_in_forward=kv_update, one_pass_allowed=False) == "paths"
-    for one_pass_allowed in (True, False):
-        assert choose(False, False, one_pass_allowed) == "fixup"
+    for kv_update, auto in ((False, "one-pass"), (True, "paths")):
+        assert choose(fa3=True, kv_update_in_forward=kv_update, no_one_pass=None) == auto
+        assert choose(fa3=True, kv_update_in_forward=kv_update, no_one_pass=reason) == "paths"
+    for no_one_pass in (None, reason):
+        assert choose(False, False, no_one_pass) == "fixup"
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
-    assert choose(True, False, False) == choose(True, False, True) == "paths"
+    assert choose(True, False, reason) == choose(True, False, None) == "paths"
     for mode in ("one-pass", "one-pass-fixup"):
         monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
-        assert choose(True, False, True) == mode
-        with pytest.raises(ValueError, match=f"{mode} is not available with model_runner 'v2'"):
-            choose(True, False, False)
+        assert choose(True, False, None) == mode
+        with pytest.raises(ValueError, match=f"{mode} is not available here: .*FULL_AND_PIECE"):
+            choose(True, False, reason)
 
 
 def test_the_path_split_count_is_checked(monkeypatch):

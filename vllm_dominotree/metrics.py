@@ -48,6 +48,7 @@ COUNTERS = {
     "eager_builds": "tree builds that ran outside CUDA graphs (CPU, or an uncaptured size)",
     "graph_accepts": "verification steps whose acceptance and K/V move replayed a CUDA graph",
     "eager_accepts": "verification steps accepted outside CUDA graphs (sampled, CPU, eager)",
+    "one_pass_steps": "verification steps whose target layers ran no stock attention (one pass)",
 }
 HISTOGRAMS = {
     "draft_seconds": "drafter backbone pass per step (device time)",

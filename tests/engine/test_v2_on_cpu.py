@@ -17,7 +17,8 @@ from .test_robustness import PREEMPT_MAX_TOKENS, PREEMPT_PROMPTS, _prompt
 from .v2_on_cpu import SAMPLED_LAW
 
 V2_COUNTERS = ("steps", "trees", "tree_nodes", "accepted_tokens", "sibling_accepts",
-               "tree_leaves", "kv_moves", "graph_accepts", "eager_accepts")  # fmt: skip
+               "tree_leaves", "kv_moves", "graph_accepts", "eager_accepts",
+               "one_pass_steps")  # fmt: skip
 
 HERE = Path(__file__).parent
 

@@ -170,8 +170,8 @@ def test_baselines(baselines):
 # `one-pass-fixup-conditional`, that kernel for every row and no stock pass; and
 # `triton-conditional`, the Triton node step and pop (DOMINOTREE_NODE_STEP=triton; it
 # needs a top-M restriction, and the toy vocabulary is 64 tokens: M 32); `v2-...`, the
-# plugin on vLLM's V2 runner (model_runner "v2": no one pass there, path requests under
-# the stock pass on FA3).
+# plugin on vLLM's V2 runner (model_runner "v2": one pass on FA3 by default, as on V1;
+# `v2-paths-conditional`, the stock pass and path requests).
 VARIANTS = {
     "chain": ({}, {}),
     "marginal": ({}, {}),
@@ -182,6 +182,7 @@ VARIANTS = {
     "triton-conditional": ({"candidates": 32}, {"DOMINOTREE_NODE_STEP": "triton"}),
     "v2-chain": ({"model_runner": "v2"}, {}),
     "v2-conditional": ({"model_runner": "v2"}, {}),
+    "v2-paths-conditional": ({"model_runner": "v2"}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
 }
 
 
@@ -201,8 +202,14 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
     if options.get("model_runner") == "v2":
         assert stats["model_runner"] == "v2"
         assert stats["vllm:spec_decode_num_accepted_tokens"] > 0
-        # The chain keeps vLLM's verification; trees on FA3 take path requests.
-        assert stats.get("tree_attention") == (None if scorer == "chain" else "paths")
+        # The chain keeps vLLM's verification; trees on FA3 take one pass by default.
+        attention = env.get("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass")
+        assert stats.get("tree_attention") == (None if scorer == "chain" else attention)
+        if scorer != "chain":
+            # Every step of trees alone ran one pass (a step with a prefill beside trees
+            # does not): most steps.
+            one_pass = stats["one_pass_steps"]
+            assert one_pass > 0.5 * stats["steps"] if attention == "one-pass" else one_pass == 0
     else:
         check_tree_runner_stats(stats, scorer, env)
     # The baselines only now: a process of its own may still be computing them.

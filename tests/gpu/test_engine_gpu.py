@@ -125,10 +125,17 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     print(f"{scorer}-v2", stats)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["vllm:spec_decode_num_accepted_tokens"] > 0
-    # float32 runs vLLM's Triton backend: the fix-up kernel (path requests need FA3).
+    # float32 runs vLLM's Triton backend: the fix-up kernel (path requests need FA3), under
+    # the stock pass (one pass would skip the Triton call that writes the KV cache).
     assert stats["model_runner"] == "v2" and stats["tree_attention"] == "fixup"
-    # The runner's counters agree with vLLM's; trees branch, and accepted paths move.
-    assert stats["accepted_tokens"] == stats["vllm:spec_decode_num_accepted_tokens"]
+    assert stats["one_pass_steps"] == 0
+    # The runner's counters against vLLM's: under asynchronous scheduling a request that
+    # finished was scheduled once more, its tree verified and counted here while vLLM
+    # drops its tokens (and counts no draft): at most one such tree per request (on V1
+    # the same engine counts the same trees and tokens as V2, 2026-12-04f).
+    assert 0 <= stats["trees"] - stats["vllm:spec_decode_num_drafts"] <= len(PROMPTS)
+    assert stats["accepted_tokens"] >= stats["vllm:spec_decode_num_accepted_tokens"]
+    # Trees branch, and accepted paths move.
     assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
     # Greedy steps accept through the accept graphs (accept_graphs.py).
     assert stats["graph_accepts"] == stats["steps"] > 0 and stats["eager_accepts"] == 0

@@ -53,7 +53,7 @@ class TreeFixupMixin:
         # One pass: the path requests or the fix-up compute every row, and the stock pass
         # is not run (the KV cache is already written: vLLM's do_kv_cache_update runs
         # before attention).
-        one_pass = tree_layer and stock_pass_skipped(verification)
+        one_pass = tree_layer and stock_pass_skipped(verification, attn_metadata, query.shape[0])
         if not one_pass:
             output = super().forward(
                 layer, query, key, value, kv_cache, attn_metadata, output, **kwargs
@@ -117,24 +117,45 @@ def fixup_rounding(impl) -> str:
     return "fast"
 
 
-def stock_pass_skipped(verification) -> bool:
+def stock_pass_skipped(verification, attn_metadata, num_tokens: int) -> bool:
     """One pass (DOMINOTREE_CUDA_TREE_ATTENTION=one-pass, one-pass-fixup): this forward's
     target layers skip the stock pass, every row recomputed. Eager or piecewise: when
-    this step's requests are all trees (the runner's `every_row`). A FULL graph of a
-    uniform batch is captured so, and replayed only for such steps (the runner makes the
-    others non-uniform: runner._determine_batch_execution_and_padding); other graphs keep
-    the stock pass (path tables that hold every row then recompute every row over it)."""
+    this step's requests are all trees (the runner's `every_row`). Captured: in the FULL
+    graphs that vLLM replays only for such steps (`full_graph_of_trees_alone`); other
+    graphs keep the stock pass (path tables that hold every row then recompute every row
+    over it)."""
     if not verification.one_pass:
         return False
     if verification.capturing:
-        from vllm.config import CUDAGraphMode
-        from vllm.forward_context import get_forward_context
-
-        context = get_forward_context()
-        batch = context.batch_descriptor
-        full = context.cudagraph_runtime_mode == CUDAGraphMode.FULL
-        return full and batch is not None and batch.uniform
+        return full_graph_of_trees_alone(verification.rows_per_tree, attn_metadata, num_tokens)
     return verification.every_row
+
+
+def full_graph_of_trees_alone(rows_per_tree: int, attn_metadata, num_tokens: int) -> bool:
+    """Whether the forward being captured is a FULL graph that is replayed only for steps
+    whose requests are all trees.
+    V1 captures FULL graphs in a FULL forward context; those of uniform batches qualify
+    (the tree runner makes a step that is not all trees non-uniform:
+    runner._determine_batch_execution_and_padding).
+    V2 captures them in a forward context of mode NONE while the stream captures
+    (cudagraph_utils.CudaGraphManager.capture); its uniform decode graphs, every request
+    1 + budget rows, qualify: V2 replays them only for batches of that many rows per
+    request and no prefill (model_runner.gather_batch_req_state), and every request with
+    drafts is a tree. The V2 runner takes one pass only where vLLM captures no FULL graph
+    of mixed batches (FULL_AND_PIECEWISE), whose metadata could look the same."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context
+
+    context = get_forward_context()
+    if context.cudagraph_runtime_mode == CUDAGraphMode.FULL:  # V1
+        batch = context.batch_descriptor
+        return batch is not None and batch.uniform
+    if context.cudagraph_runtime_mode != CUDAGraphMode.NONE:
+        return False
+    if not torch.cuda.is_current_stream_capturing():  # a warm-up run
+        return False
+    num_reqs = attn_metadata.seq_lens.shape[0]
+    return attn_metadata.max_query_len == rows_per_tree and num_tokens == rows_per_tree * num_reqs
 
 
 def attend_paths(

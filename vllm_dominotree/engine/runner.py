@@ -29,7 +29,6 @@ import torch
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.outputs import SamplerOutput
 
-from ..config import attention_mode
 from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
@@ -116,7 +115,7 @@ class DominoTreeRunnerMixin:
             self._stats.tree_attention = tree_attention_setup.configure(
                 self._verification,
                 target,
-                one_pass_allowed=True,
+                no_one_pass=None,
                 max_paths=min(self.max_num_reqs * self.drafter.budget, self.max_num_tokens),
                 max_tokens=self.max_num_tokens,
                 max_len=self.max_model_len,
@@ -149,19 +148,11 @@ class DominoTreeRunnerMixin:
                 self.max_num_reqs,
                 self.device,
             )
-            layer = layers[min(layers)]
-            if self._verification.one_pass and layer.attn_backend.forward_includes_kv_cache_update:
-                raise RuntimeError(
-                    f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={attention_mode()} skips the "
-                    "stock attention, which in this vLLM also writes the KV cache; use paths "
-                    "or fixup"
-                )
-            if self._verification.paths is not None:
-                tree_attention_setup.check_paths_backend(
-                    self._verification,
-                    layer,
-                    lambda every_row: self._build_paths(1, 1, max_root=0, every_row=every_row),
-                )
+            tree_attention_setup.check_backend(
+                self._verification,
+                layers[min(layers)],
+                lambda every_row: self._build_paths(1, 1, max_root=0, every_row=every_row),
+            )
 
     def _prepare_tree_attention(self, step: TreeStep | None) -> None:
         """Whether this step runs one pass (its requests all trees), and the step's path

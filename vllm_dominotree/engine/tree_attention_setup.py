@@ -17,35 +17,34 @@ from .backend_support import runs_fa3
 from .tree_paths import PathTables, slot_view
 from .tree_step import TreeVerification
 
-# The V2 runner has no one pass yet: it would need V2's graph dispatch kept from
-# replaying a FULL graph without the stock pass for a step that is not all trees
-# (docs/v2-runner-port.md, section F).
-V2_MODES = ("auto", "fixup", "paths")
+# The modes that need no one pass, for an engine that cannot take one.
+NO_ONE_PASS_MODES = ("auto", "fixup", "paths")
 
 
-def cuda_tree_attention(fa3: bool, kv_update_in_forward: bool, one_pass_allowed: bool) -> str:
+def cuda_tree_attention(fa3: bool, kv_update_in_forward: bool, no_one_pass: str | None) -> str:
     """The mode a CUDA runner verifies trees with: "one-pass", "one-pass-fixup", "paths"
     or "fixup" (config.attention_mode). "auto": one pass where the target runs FA3 and
     its attention does not also write the KV cache (one pass skips that call), paths
-    where it does or where one pass is not allowed (the V2 runner), else fixup."""
+    where it does or where the engine cannot take one pass, else fixup. no_one_pass: why
+    this engine cannot take one pass (None: it can)."""
     mode = attention_mode()
-    if not one_pass_allowed and mode not in V2_MODES:
+    if no_one_pass is not None and mode not in NO_ONE_PASS_MODES:
         raise ValueError(
-            f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode} is not available with "
-            f"model_runner 'v2' yet; use one of {V2_MODES} or model_runner 'v1'"
+            f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={mode} is not available here: "
+            f"{no_one_pass}; use one of {NO_ONE_PASS_MODES}"
         )
     if mode != "auto":
         return mode
     if not fa3:
         return "fixup"
-    return "one-pass" if one_pass_allowed and not kv_update_in_forward else "paths"
+    return "one-pass" if no_one_pass is None and not kv_update_in_forward else "paths"
 
 
 def configure(
     verification: TreeVerification,
     target_layer,
     *,
-    one_pass_allowed: bool,
+    no_one_pass: str | None,
     max_paths: int,
     max_tokens: int,
     max_len: int,
@@ -56,7 +55,7 @@ def configure(
     mode = cuda_tree_attention(
         runs_fa3(target_layer),
         target_layer.attn_backend.forward_includes_kv_cache_update,
-        one_pass_allowed,
+        no_one_pass,
     )
     if mode in ("paths", "one-pass"):
         verification.paths = PathTables(
@@ -72,13 +71,22 @@ def configure(
     return mode
 
 
-def check_paths_backend(
+def check_backend(
     verification: TreeVerification, layer, warm_build: Callable[[bool], None]
 ) -> None:
-    """Path requests need FA3 and a cache that a one-slot page view can address: checked
-    once the KV cache exists, before any graph is captured. warm_build(every_row) builds
-    one tree of no rows, so that the build's Triton kernels compile now, on the buffers
-    every step passes, not on the first request's step."""
+    """Once the KV cache exists, before any graph is captured: one pass skips the stock
+    attention, so that call must not also write the KV cache; path requests need FA3 and
+    a cache that a one-slot page view can address. warm_build(every_row) builds one tree
+    of no rows, so that the build's Triton kernels compile now, on the buffers every
+    step passes, not on the first request's step."""
+    if verification.one_pass and layer.attn_backend.forward_includes_kv_cache_update:
+        raise RuntimeError(
+            f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={attention_mode()} skips the "
+            "stock attention, which in this vLLM also writes the KV cache; use paths "
+            "or fixup"
+        )
+    if verification.paths is None:
+        return
     if not runs_fa3(layer):
         raise ValueError(
             f"dominotree: DOMINOTREE_CUDA_TREE_ATTENTION={attention_mode()} needs vLLM's "

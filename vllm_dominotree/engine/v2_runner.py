@@ -53,6 +53,7 @@ V2_COUNTERS = (
     "kv_moves",
     "graph_accepts",
     "eager_accepts",
+    "one_pass_steps",
 )
 
 
@@ -102,7 +103,7 @@ class DominoTreeV2RunnerMixin:
             self.tree_attention = tree_attention_setup.configure(
                 self._verification,
                 forward_context[min(self._target_layers)],
-                one_pass_allowed=False,
+                no_one_pass=self._no_one_pass(),
                 max_paths=min(self.max_num_reqs * budget, self.max_num_tokens),
                 max_tokens=self.max_num_tokens,
                 max_len=self.max_model_len,
@@ -131,14 +132,35 @@ class DominoTreeV2RunnerMixin:
                 self.max_num_reqs,
                 self.device,
             )
-        if self._verification.paths is not None:
-            tree_attention_setup.check_paths_backend(
+            positions, slots = self.input_buffers.positions, self.block_tables.slot_mappings
+            tree_attention_setup.check_backend(
                 self._verification,
                 layers[min(layers)],
-                lambda every_row: self._build_paths(
-                    1, 1, 0, self.input_buffers.positions, self.block_tables.slot_mappings
-                ),
+                lambda every_row: self._build_paths(1, 1, 0, positions, slots, every_row),
             )
+
+    def _no_one_pass(self) -> str | None:
+        """Why this engine cannot take one pass (None: it can). V2 captures FULL graphs
+        without a batch descriptor, and one pass tells those that hold trees alone by
+        their shape (cuda_attention.full_graph_of_trees_alone): under cudagraph_mode FULL
+        a FULL graph of mixed batches, and with adaptive verification a varlen decode
+        graph (requests of 1 .. 1 + budget rows), could have that shape too."""
+        from vllm.config import CUDAGraphMode
+
+        if self.compilation_config.cudagraph_mode.mixed_mode() == CUDAGraphMode.FULL:
+            return (
+                "with model_runner 'v2' one pass needs vLLM's mixed batches outside FULL "
+                "graphs; use cudagraph_mode FULL_AND_PIECEWISE (vLLM's default) or "
+                "model_runner 'v1'"
+            )
+        # vLLM's own test (model_runner.initialize_kv_cache), which comes after this.
+        if getattr(self.speculator, "enable_adaptive_verification", False):
+            return (
+                "with model_runner 'v2' one pass cannot tell vLLM's varlen decode graphs "
+                "(adaptive verification) from graphs of trees alone; turn adaptive "
+                "verification off or use model_runner 'v1'"
+            )
+        return None
 
     def capture_model(self, *args, **kwargs):
         if not self._trees:
@@ -157,7 +179,11 @@ class DominoTreeV2RunnerMixin:
 
     def execute_model(self, *args, **kwargs):
         with self.stage_clock.stage("verify"):
-            return super().execute_model(*args, **kwargs)
+            try:
+                return super().execute_model(*args, **kwargs)
+            finally:
+                if self._trees:  # this forward's one pass ends with it
+                    self._verification.every_row = False
 
     def sample_tokens(self, *args, **kwargs):
         with self.stage_clock.stage("sample"):
@@ -201,15 +227,22 @@ class DominoTreeV2RunnerMixin:
         if self._trees:
             with self.stage_clock.stage("prepare"):
                 self._step = self._describe_trees(input_batch)
-                self._verification.step = self._step
-                if self._verification.paths is not None:
-                    trees = self._step.trees if self._step is not None else []
+                verification = self._verification
+                verification.step = self._step
+                trees = self._step.trees if self._step is not None else []
+                # One pass: a step whose requests are all trees skips the stock pass.
+                every_row = verification.one_pass and 0 < len(trees) == input_batch.num_reqs
+                verification.every_row = every_row
+                self._stats.one_pass_steps += every_row
+                if verification.paths is not None:
                     self._build_paths(
                         len(trees),
-                        sum(t.num_rows - 1 for t in trees),  # each owns a drafted row
+                        # Each owns a drafted row; one pass: a tree of the root alone too.
+                        sum(max(t.num_rows - 1, int(every_row)) for t in trees),
                         max((t.start for t in trees), default=0),
                         input_batch.positions,
                         slot_mappings,
+                        every_row,
                     )
                 if self._step is not None:
                     input_batch.positions[: self._step.num_tokens] += self._step.token_delta
@@ -222,10 +255,11 @@ class DominoTreeV2RunnerMixin:
         max_root: int,
         positions: torch.Tensor,  # [>= T] linear (a root row's: the root's position)
         slot_mappings: torch.Tensor,  # [groups, >= T]
+        every_row: bool = False,
     ) -> None:
         """The step's path requests (tree_paths.py), built on the device from its
-        description and vLLM's batch-ordered block table: each tree's fixed rows, under
-        the stock pass (no one pass on V2). max_root bounds the roots' positions (the
+        description and vLLM's batch-ordered block table: each tree's fixed rows under the
+        stock pass, or every row (one pass). max_root bounds the roots' positions (the
         host's counts are exact or optimistic under asynchronous scheduling)."""
         rows_per_tree = self._verification.rows_per_tree
         tables = self._verification.paths
@@ -241,6 +275,7 @@ class DominoTreeV2RunnerMixin:
             block_table=self.block_tables.input_block_tables[group],
             block_size=self.block_tables.block_sizes[group],
             slot_mapping=slot_mappings[group],
+            every_row=every_row,
         )
 
     def _describe_trees(self, input_batch) -> TreeStep | None:
