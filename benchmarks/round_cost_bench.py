@@ -145,6 +145,20 @@ def check_variant_ran(method: str, environment: dict[str, str], stats: dict) -> 
             )
 
 
+def tree_fields(method: str, environment: dict[str, str], stats: dict) -> dict:
+    """What a plugin engine's report (either runner's) says it ran, checked against the
+    variant asked for, and the trees' shape so far: one pass runs an FA3 request per
+    root-to-leaf path, so its cost grows with the leaves (random drafters grow bushy
+    trees), and a step with a request that is not a tree runs the stock pass too."""
+    check_variant_ran(method, environment, stats)
+    fields = {stat: stats.get(stat, "") for stat in VARIANT_STATS.values()}
+    fields["mean_leaves"] = stats.get("mean_leaves", "")
+    steps = stats.get("steps", 0)
+    one_pass = stats.get("one_pass_steps")
+    fields["one_pass_share"] = one_pass / steps if steps and one_pass is not None else ""
+    return fields
+
+
 def split_variants(method: str) -> tuple[str, dict, dict]:
     """'conditional-sync-vllm-draft' -> ('conditional', engine arguments, environment)."""
     return split_suffixes(method, VARIANTS)
@@ -329,6 +343,8 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                     trace["top_kernels_by_stage"], traced
                 )
                 write_trace_tables(args.out / "trace_tables" / f"{method}_b{batch}.txt", trace)
+            if base.endswith(V2):  # the plugin's report on V2 (its figures so far)
+                row |= tree_fields(method, environment, llm.collective_rpc("dominotree_stats")[0])
             if base in PLUGIN_METHODS and not args.no_split:
                 llm.collective_rpc("dominotree_profile", args=(True,))
                 _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
@@ -336,12 +352,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row["async_scheduling"] = stats.get("async_scheduling", False)
                 row["graph_drafts"] = stats.get("graph_drafts", 0)  # query passes replayed
                 row["prepared_in_build"] = stats.get("prepared_in_build", 0)
-                # One pass runs an FA3 request per root-to-leaf path: its cost grows
-                # with the leaves (random drafters grow bushy trees).
-                row["mean_leaves"] = stats.get("mean_leaves", "")
-                # How the engine really built and verified the trees.
-                check_variant_ran(method, environment, stats)
-                row |= {stat: stats.get(stat, "") for stat in VARIANT_STATS.values()}
+                row |= tree_fields(method, environment, stats)
                 row["fixup_rounding"] = stats.get("fixup_rounding", "")
                 stages = stats["stage_seconds"]
                 llm.collective_rpc("dominotree_profile", args=(False,))
@@ -383,6 +394,16 @@ def gathered_rows(out: Path) -> list[dict]:
     and earlier calls')."""
     files = sorted(out.glob("rows-*.json"), key=lambda f: f.stat().st_mtime_ns)
     return [row for f in files for row in json.loads(f.read_text())]
+
+
+def trees_cell(row: dict) -> str:
+    """The tree attention a plugin row ran, its trees' mean leaves and the share of its
+    steps that ran one pass ("-" for rows without trees)."""
+    if not row.get("tree_attention"):
+        return "-"
+    cell = f"{row['tree_attention']}, {row['mean_leaves']:.1f} leaves"
+    share = row.get("one_pass_share")
+    return cell + (f", {share:.0%} one pass" if share != "" else "")
 
 
 def report(rows: list[dict], args) -> None:
@@ -429,6 +450,7 @@ def report(rows: list[dict], args) -> None:
             )
             or "-"
         )
+        cells.append(trees_cell(r))
         ratio = r["ms_per_round"] / dflash[r["batch"]] if r["batch"] in dflash else None
         cells.append(f"{ratio:.2f}x" if ratio else "-")
         proj = r.get("projection")
@@ -462,6 +484,7 @@ def report(rows: list[dict], args) -> None:
         "host ms/step by stage (traced)",
         "GPU kernel ms/round, by stage (traced)",
         "eager launches / torch ops per step by stage (traced)",
+        "trees: attention, mean leaves, one-pass steps",
         "vs dflash",
         "projected speedup (paper tau)",
     ]

@@ -20,6 +20,8 @@ from round_cost_bench import (  # noqa: E402
     check_variant_ran,
     gathered_rows,
     split_variants,
+    tree_fields,
+    trees_cell,
 )
 
 # A variant too: synchronous scheduling (the CPU's anyway), vLLM's drafter pass and the
@@ -76,7 +78,7 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             # a chain has one leaf; trees at least one (a tree may be a chain)
             assert r["mean_leaves"] == 1 if base == "chain" else r["mean_leaves"] >= 1, r
             # What the engine ran, as its stats name it: no variant passes unseen.
-            assert r["tree_attention"] == "cpu"
+            assert r["tree_attention"] == "cpu" and r["one_pass_share"] == 0
             assert r["scorer_step"] == ("table" if base == "marginal" else "torch"), r
             split = r["profiled_ms"]
             assert set(split) == {"prepare", "verify", "accept", "draft", "build", "rest"}
@@ -140,6 +142,24 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
         with pytest.raises(RuntimeError, match=f"{stat} '{other}'"):
             check_variant_ran(method, environment, ran | {stat: other})
     check_variant_ran("conditional", {}, {"scorer_step": "torch", "tree_attention": "fixup"})
+
+
+def test_a_rows_trees_come_from_the_engines_report():
+    """Either runner's report (V2's too: `conditional-v2-paths`): what ran, checked, the
+    trees' leaves and the share of one-pass steps; a row without trees shows none."""
+    method = "conditional-v2-paths"
+    report = {"tree_attention": "paths", "scorer_step": "torch", "mean_leaves": 3.5}
+    row = tree_fields(method, split_variants(method)[2], report | {"steps": 8, "one_pass_steps": 0})
+    assert row["tree_attention"] == "paths" and row["one_pass_share"] == 0
+    assert trees_cell(row) == "paths, 3.5 leaves, 0% one pass"
+    one_pass = report | {"tree_attention": "one-pass", "steps": 8, "one_pass_steps": 6}
+    assert trees_cell(tree_fields("conditional-v2", {}, one_pass)) == (
+        "one-pass, 3.5 leaves, 75% one pass"
+    )
+    with pytest.raises(RuntimeError, match="tree_attention 'one-pass'"):
+        tree_fields(method, split_variants(method)[2], one_pass)
+    chain = tree_fields("chain-v2", {}, {"scorer_step": "torch"})  # vLLM verifies the chain
+    assert chain["one_pass_share"] == "" and trees_cell(chain) == "-"
 
 
 def test_methods_of_several_calls_make_one_table(tmp_path):
