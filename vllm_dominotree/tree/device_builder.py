@@ -209,12 +209,10 @@ class DeviceTreeBuilder:
 
     def _pop(self, t, rows, node, parent, token, depth, expand):
         """Iteration t for [p] rows: the children of every row's last new node (rows
-        that expand nothing compute into the scorer's scratch state slot), filed, then
-        one pop -> the next node: its slot, parent, token, depth, whether it expands."""
+        that expand nothing come as the scorer's scratch state slot at depth 0), filed,
+        then one pop -> the next node as the next step takes it: its state slot, parent,
+        token, depth, whether it expands."""
         p = rows.shape[0]
-        if not self._triton_pop:  # the Triton pop gives the step's inputs as they are
-            node = torch.where(expand, node, self.scorer.scratch_slot)
-            depth = torch.where(expand, depth, 0)
         logprobs, tokens = self.scorer.children(rows, node, parent, token, depth)
         # The new node's children's push, then the popped node's next sibling's.
         filed = (node, expand, logprobs, tokens, self.seqs[2 * t], self.seqs[2 * t + 1])
@@ -323,7 +321,11 @@ class DeviceTreeBuilder:
             torch.where(owed & pop, torch.where(depth < shape.max_depth, node, -1), spine_tip)
         )
         expand = pop & (depth < shape.max_depth) & (count - 1 < shape.budget)
-        return node, parent, token, depth, expand
+        # The next step's inputs: rows that expand nothing compute into the scorer's
+        # scratch state slot from depth 0 (here, in the compiled function, not as two
+        # more launches per pop).
+        step_node = torch.where(expand, node, self.scorer.scratch_slot)
+        return step_node, parent, token, torch.where(expand, depth, 0), expand
 
 
 def slot_tensors(
