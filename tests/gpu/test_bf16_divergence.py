@@ -210,6 +210,8 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
             # does not): most steps.
             one_pass = stats["one_pass_steps"]
             assert one_pass > 0.5 * stats["steps"] if attention == "one-pass" else one_pass == 0
+            # and its FULL graphs were captured without the stock pass
+            assert (stats["one_pass_graphs"] > 0) == (attention == "one-pass")
     else:
         check_tree_runner_stats(stats, scorer, env)
     # The baselines only now: a process of its own may still be computing them.
@@ -229,6 +231,8 @@ def check_tree_runner_stats(stats: dict, scorer: str, env: dict) -> None:
     attention = env.get("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass")
     assert stats["tree_attention"] == attention
     assert (stats["one_pass_steps"] > 0) == attention.startswith("one-pass")
+    # One pass's FULL graphs were captured without the stock pass.
+    assert (stats["one_pass_graphs"] > 0) == attention.startswith("one-pass")
     if "DOMINOTREE_NODE_STEP" in env:
         assert stats["scorer_step"] == env["DOMINOTREE_NODE_STEP"]
     if attention.endswith("fixup"):

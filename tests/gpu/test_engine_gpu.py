@@ -77,8 +77,10 @@ def test_greedy_equals_no_speculation_under_full_graphs(default_runs, expected, 
     print(scorer, stats)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["trees"] > 0
-    # float32 runs vLLM's Triton backend: the default tree attention ("auto") is the fix-up.
+    # float32 runs vLLM's Triton backend: the default tree attention ("auto") is the fix-up,
+    # under the stock pass.
     assert stats["tree_attention"] == "fixup"
+    assert stats["one_pass_steps"] == stats["one_pass_graphs"] == 0
     # vLLM's default for DFlash on CUDA, kept: the next step is prepared while this runs.
     assert stats["async_scheduling"] is True
     # Decode steps are uniform batches: vLLM replays one FULL graph for them.
@@ -128,7 +130,7 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     # float32 runs vLLM's Triton backend: the fix-up kernel (path requests need FA3), under
     # the stock pass (one pass would skip the Triton call that writes the KV cache).
     assert stats["model_runner"] == "v2" and stats["tree_attention"] == "fixup"
-    assert stats["one_pass_steps"] == 0
+    assert stats["one_pass_steps"] == stats["one_pass_graphs"] == 0
     # The runner's counters against vLLM's: under asynchronous scheduling a request that
     # finished was scheduled once more, its tree verified and counted here while vLLM
     # drops its tokens (and counts no draft): at most one such tree per request (on V1

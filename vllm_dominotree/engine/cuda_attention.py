@@ -54,6 +54,8 @@ class TreeFixupMixin:
         # is not run (the KV cache is already written: vLLM's do_kv_cache_update runs
         # before attention).
         one_pass = tree_layer and stock_pass_skipped(verification, attn_metadata, query.shape[0])
+        if one_pass and verification.capturing:
+            verification.one_pass_graphs.add(query.shape[0])
         if not one_pass:
             output = super().forward(
                 layer, query, key, value, kv_cache, attn_metadata, output, **kwargs

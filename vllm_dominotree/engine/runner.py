@@ -230,6 +230,8 @@ class DominoTreeRunnerMixin:
             "async_scheduling": bool(self.use_async_scheduling),
             # DOMINOTREE_CHECK_TREE_ATTENTION=1: the recomputed rows against the reference
             "tree_attention_check": self.attention_check(),
+            # FULL graphs captured without the stock pass (one pass)
+            "one_pass_graphs": len(self._verification.one_pass_graphs),
         }
 
     def read_stats(self) -> DominoTreeStats:

@@ -29,7 +29,7 @@ and per logits row (the rows the target's logits come back for, same order):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -290,6 +290,10 @@ class TreeVerification:
     # While vLLM warms up and captures its graphs, the fix-up launches even with no
     # trees (its rows then return at once), so that graphs contain it.
     capturing: bool = False
+    # Capture's own record (no step writes it): the token counts of the FULL graphs
+    # captured without the stock pass (one pass), which the runners report, so that a
+    # one pass whose graphs kept the stock pass cannot pass unseen.
+    one_pass_graphs: set[int] = field(default_factory=set)
     # DOMINOTREE_CHECK_TREE_ATTENTION=1 (engine/attention_check.py): recomputed rows
     # checked against the dense reference in eager forwards.
     check: bool = False

@@ -206,6 +206,8 @@ class DominoTreeV2RunnerMixin:
             report["mean_accept_length"] = stats.mean_accept_length
             report["mean_leaves"] = stats.mean_leaves
             report["tree_attention"] = self.tree_attention
+            # FULL graphs captured without the stock pass (one pass)
+            report["one_pass_graphs"] = len(self._verification.one_pass_graphs)
             paths = self._verification.paths
             if paths is not None:
                 report["path_splits"] = "vllm" if paths.splits is None else str(paths.splits)
