@@ -5,7 +5,7 @@
 # Jobs:
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
 #                     kernel, builder and engine tests, 14 jobs) and `suite bf16` (the bf16
-#                     test's baselines and its 18 variants, which await them) -> $OUT/suite_PART.log
+#                     test's baselines and its 20 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -168,7 +168,7 @@ $e::test_paths_attention_refused_without_fa3"
             jobs+=("bf16-variant $pair-$variant")
           done
         done
-        jobs+=("bf16-variant toy-v2-paths-conditional") ;;
+        jobs+=("bf16-variant toy-v2-paths-conditional" "bf16-variant toy-v2-triton-conditional") ;;
       *) echo "suite tests | suite bf16" >&2; exit 2 ;;
     esac
     rc=0

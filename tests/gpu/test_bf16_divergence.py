@@ -171,7 +171,8 @@ def test_baselines(baselines):
 # `triton-conditional`, the Triton node step and pop (DOMINOTREE_NODE_STEP=triton; it
 # needs a top-M restriction, and the toy vocabulary is 64 tokens: M 32); `v2-...`, the
 # plugin on vLLM's V2 runner (model_runner "v2": one pass on FA3 by default, as on V1;
-# `v2-paths-conditional`, the stock pass and path requests).
+# `v2-paths-conditional`, the stock pass and path requests; `v2-triton-conditional`, the
+# Triton node step in V2's draft graph).
 VARIANTS = {
     "chain": ({}, {}),
     "marginal": ({}, {}),
@@ -183,6 +184,10 @@ VARIANTS = {
     "v2-chain": ({"model_runner": "v2"}, {}),
     "v2-conditional": ({"model_runner": "v2"}, {}),
     "v2-paths-conditional": ({"model_runner": "v2"}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"}),
+    "v2-triton-conditional": (
+        {"model_runner": "v2", "candidates": 32},
+        {"DOMINOTREE_NODE_STEP": "triton"},
+    ),
 }
 
 
@@ -205,6 +210,7 @@ def test_first_divergence_no_worse_than_vllm_dflash(pair, variant, request):
         # The chain keeps vLLM's verification; trees on FA3 take one pass by default.
         attention = env.get("DOMINOTREE_CUDA_TREE_ATTENTION", "one-pass")
         assert stats.get("tree_attention") == (None if scorer == "chain" else attention)
+        assert stats["scorer_step"] == env.get("DOMINOTREE_NODE_STEP", stats["scorer_step"])
         if scorer != "chain":
             # Every step of trees alone ran one pass (a step with a prefill beside trees
             # does not): most steps.

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
+from ..config import node_step
 from ..drafter.model import DominoHead
 from ..tree.scorers import make_scorer
 
@@ -62,11 +63,12 @@ def drafter_scorer(
     shape,
     max_requests: int,
     device: torch.device,
-    kernels: bool = False,
 ):
     """The tree scorer (tree/scorers.py) over a loaded drafter: Domino's head from the
     checkpoint's GRU and correction weights (none for a plain DFlash checkpoint), the
-    target's embedding over the whole vocabulary."""
+    target's embedding over the whole vocabulary; the conditional scorer's Triton step
+    with DOMINOTREE_NODE_STEP=triton (CUDA; refused on CPU at engine start), on either
+    runner."""
     head = None
     if spec.is_domino:
         # vLLM may load weights before the model reaches its device.
@@ -79,5 +81,5 @@ def drafter_scorer(
         candidates=options.candidates,
         prefix_len=spec.pure_draft_prefix_len,
         max_requests=max_requests,
-        kernels=kernels,
+        kernels=options.scorer == "conditional" and node_step() == "triton",
     )

@@ -24,7 +24,7 @@ import torch
 from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
-from ..config import DominoTreeConfig, node_step
+from ..config import DominoTreeConfig
 from ..drafter.checkpoint import read_spec
 from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..stage_clock import DraftBuildTimes
@@ -77,8 +77,6 @@ class DominoTreeProposer(DFlashProposer):
             self.shape,
             self.max_batch_size,
             self.device,
-            # DOMINOTREE_NODE_STEP=triton (CUDA; refused on CPU at engine start)
-            kernels=self.options.scorer == "conditional" and node_step() == "triton",
         )
         # CUDA: the device builder, one captured graph per build (with the scorer's
         # preparation in it on one GPU). CPU: the host heap for trees, the device
