@@ -9,10 +9,9 @@ offered. A request's frontier is one tree's slots (the budget + 2 of them), so a
 holds its rows in registers: it reads each table row once, applies the filing and the
 pop there, and writes the rows back once (no store is read back within the program).
 
-It also gives the next pop's scorer step its inputs: the new node, or the scorer's
-scratch state slot where nothing expands, and its depth (0 there), which the torch
-version leaves to two eager `where`s. With the Triton node step (kernels/domino_step.py)
-a pop is then four launches.
+It also gives the next pop's scorer step its inputs, as the torch version does: the new
+node, or the scorer's scratch state slot where nothing expands, and its depth (0 there).
+With the Triton node step (kernels/domino_step.py) a pop is then four launches.
 """
 
 from __future__ import annotations
