@@ -1,12 +1,16 @@
-"""vLLM engine on CPU with the toy pair: no speculation vs chain / marginal / conditional.
+"""vLLM engine on CPU: no speculation vs chain / marginal / conditional trees.
 
-    python benchmarks/cpu_engine_bench.py --out benchmarks/results
+    python benchmarks/cpu_engine_bench.py --out benchmarks/results \
+        [--pair toy|smollm2] [--dtype float32|bfloat16] [--methods no-spec conditional ...]
 
-For each method one engine (float32, eager) decodes the same prompts greedily, once as
-a batch and once one request at a time; reported: decode tokens/s, the mean accept
-length (tokens committed per verification, bonus included) from vLLM's spec-decode
-counters, and whether the output equals the no-speculation engine's. Writes
-cpu_engine_bench.json and cpu_engine_bench.md.
+For each method one engine (eager) decodes the same prompts greedily, once as a batch
+and once one request at a time; reported: decode tokens/s, the mean accept length
+(tokens committed per verification, bonus included) from vLLM's spec-decode counters,
+whether the output equals the no-speculation engine's (in bfloat16 it need not), and
+the plugin's stage clock: ms per verification step in verify (the target's forward with
+the tree attention), draft, build and accept. Pairs: the toy pair (toy_pair.py; prompts
+of random ids) or SmolLM2-135M-Instruct with its shipped drafter (the demo's chat
+prompts). Writes NAME.json and NAME.md (NAME: --name).
 """
 
 from __future__ import annotations
@@ -25,26 +29,29 @@ from results_io import command_line, write_results
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+# Budgets left out: the CPU default (config.CPU_BUDGET).
 METHODS = {
     "no-spec": None,
     "chain": {"scorer": "chain"},
     "marginal": {"scorer": "marginal"},
     "conditional": {"scorer": "conditional"},
-    "conditional-b32": {"scorer": "conditional", "budget": 32},
+    **{f"conditional-b{b}": {"scorer": "conditional", "budget": b} for b in (8, 16, 32)},
 }
+DEFAULT_METHODS = ["no-spec", "chain", "marginal", "conditional", "conditional-b32"]
+STAGES = ("verify", "draft", "build", "accept")
 
 
-def prompts(n: int) -> list[list[int]]:
+def toy_prompts(n: int) -> list[list[int]]:
     return [[(7 * i + 3 * j) % 63 for j in range(4 + 5 * i)] for i in range(n)]
 
 
-def run_method(name, options, dirs, args):
+def run_method(name, options, dirs, prompts, args):
     from vllm import LLM, SamplingParams
 
-    spec = None if options is None else {"method": "dominotree", "model": dirs[1], **options}
+    spec = None if options is None else {"method": "dominotree", "model": str(dirs[1]), **options}
     llm = LLM(
         model=str(dirs[0]),
-        dtype="float32",
+        dtype=args.dtype,
         max_model_len=1024,
         enforce_eager=True,
         seed=0,
@@ -52,8 +59,10 @@ def run_method(name, options, dirs, args):
         speculative_config=spec,
     )
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    batch = [{"prompt_token_ids": p} for p in prompts(args.prompts)]
+    batch = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(batch[:2], params, use_tqdm=False)  # warm-up
+    if spec is not None:
+        llm.collective_rpc("dominotree_profile", args=(True,))
     before = spec_counters(llm)
     row = {"method": name}
     outputs = None
@@ -63,61 +72,81 @@ def run_method(name, options, dirs, args):
         seconds = time.perf_counter() - start
         result = [list(o.outputs[0].token_ids) for group in done for o in group]
         outputs = outputs or result
-        assert result == outputs, f"{name}: batch and single outputs differ"
+        # float32 output does not depend on the batch; bfloat16 output may (no check).
+        assert args.dtype != "float32" or result == outputs, f"{name}: batch != single"
         row[f"{mode}_tok_s"] = sum(map(len, result)) / seconds
     drafts, accepted = (now - then for now, then in zip(spec_counters(llm), before, strict=True))
     row["accept_length"] = 1 + accepted / drafts if drafts else 1.0
     if spec is not None:
-        row["tree_stats"] = llm.collective_rpc("dominotree_stats")[0]
+        stats = llm.collective_rpc("dominotree_stats")[0]
+        row["tree_stats"] = stats
+        steps = max(1, stats["steps"])
+        row["stage_ms"] = {s: 1e3 * stats["stage_seconds"].get(s, 0.0) / steps for s in STAGES}
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
     return row, outputs
 
 
+def pair_and_prompts(args) -> tuple[tuple[Path, Path], list[list[int]], str]:
+    """(target dir, drafter dir), the prompts' token ids, and the pair in words."""
+    if args.pair == "toy":
+        from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
+
+        dirs = write_pair(Path(tempfile.mkdtemp()), PairSpec(noise=args.noise))
+        return dirs, toy_prompts(args.prompts), f"toy pair (PairSpec(noise={args.noise}))"
+    from transformers import AutoTokenizer
+
+    from vllm_dominotree.demo.__main__ import prompt_ids
+    from vllm_dominotree.training.smollm2 import DRAFTER_DIR
+    from vllm_dominotree.training.smollm2 import convert as convert_smollm2
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-dominotree"
+    target = convert_smollm2(cache / "smollm2-135m")
+    prompts = prompt_ids(AutoTokenizer.from_pretrained(target), "smollm2")
+    return (target, DRAFTER_DIR), prompts, "SmolLM2-135M-Instruct + its shipped drafter"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--name", default="cpu_engine_bench")
+    parser.add_argument("--pair", choices=["toy", "smollm2"], default="toy")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=DEFAULT_METHODS)
+    parser.add_argument("--prompts", type=int, default=8, help="toy pair: how many")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--noise", type=float, default=0.8)
     args = parser.parse_args()
+    if args.methods[0] != "no-spec":
+        parser.error("--methods starts with no-spec: the speedups are over it")
 
-    from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
-
-    with tempfile.TemporaryDirectory() as tmp:
-        dirs = write_pair(tmp, PairSpec(noise=args.noise))
-        rows, reference = [], None
-        for name, options in METHODS.items():
-            row, outputs = run_method(name, options, dirs, args)
-            reference = reference or outputs
-            row["equals_no_spec"] = outputs == reference
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    dirs, prompts, pair = pair_and_prompts(args)
+    rows, reference = [], None
+    for name in args.methods:
+        row, outputs = run_method(name, METHODS[name], dirs, prompts, args)
+        reference = reference or outputs
+        row["equals_no_spec"] = outputs == reference
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     base = rows[0]
     for row in rows:
         row["batch_speedup"] = row["batch_tok_s"] / base["batch_tok_s"]
         row["single_speedup"] = row["single_tok_s"] / base["single_tok_s"]
     meta = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "pair": f"toy pair (PairSpec(noise={args.noise})), float32",
+        "pair": f"{pair}, {args.dtype}",
         "command": command_line(),
     }
     intro = [
-        f"# vLLM CPU engine, toy pair ({meta['machine']})",
+        f"# vLLM CPU engine, {meta['pair']} ({meta['machine']})",
         "",
-        f"`{meta['command']}`: {args.prompts} prompts, {args.max_tokens} greedy tokens each;",
-        "batch = all prompts in one generate call, single = one request at a time.",
+        f"`{meta['command']}`: {len(prompts)} prompts, {args.max_tokens} greedy tokens each;",
+        "batch = all prompts in one generate call, single = one request at a time; stage",
+        "columns: ms per verification step (both modes), from the plugin's stage clock.",
     ]
-    header = [
-        "method",
-        "accept length",
-        "batch tok/s",
-        "speedup",
-        "single tok/s",
-        "speedup",
-        "== no-spec",
-    ]
+    header = ["method", "accept length", "batch tok/s", "speedup", "single tok/s", "speedup"]
+    header += [f"{s} ms" for s in STAGES] + ["== no-spec"]
     table = [
         [
             r["method"],
@@ -126,11 +155,12 @@ def main() -> None:
             f"{r['batch_speedup']:.2f}x",
             f"{r['single_tok_s']:.0f}",
             f"{r['single_speedup']:.2f}x",
+            *(f"{r['stage_ms'][s]:.1f}" if "stage_ms" in r else "" for s in STAGES),
             r["equals_no_spec"],
         ]
         for r in rows
     ]
-    write_results(args.out, "cpu_engine_bench", {"meta": meta, "rows": rows}, header, table, intro)
+    write_results(args.out, args.name, {"meta": meta, "rows": rows}, header, table, intro)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """CPU tree attention per layer: vLLM's own kernel for 1 and 1 + N rows against the
 plugin's recompute of a tree's rows (engine/cpu_attention.py), SmolLM2-135M's geometry.
 
-    python benchmarks/cpu_tree_attention_bench.py --out benchmarks/results/cpu_tree_attention
+    python benchmarks/cpu_tree_attention_bench.py --out benchmarks/results/cpu_tree_attention \
+        [--layout vec-float32|amx-bfloat16] [--name NAME]
 
 A verification layer costs the stock kernel over all 1 + N rows plus the recompute of
 the rows a branching tree changes; a plain decode layer costs the kernel over 1 row.
@@ -29,7 +30,9 @@ from vllm_dominotree.engine.cpu_attention import (
 from vllm_dominotree.engine.tree_step import TreeRows
 from vllm_dominotree.tree.ancestry import tree_bits
 
-HEADS, KV_HEADS, DIM, BLOCK, NUM_BLOCKS, ISA = 9, 3, 64, 128, 64, "vec"
+HEADS, KV_HEADS, DIM, BLOCK, NUM_BLOCKS = 9, 3, 64, 128, 64
+# vLLM's ISA per dtype: vec for float32; amx for bfloat16 where the CPU has AMX.
+LAYOUTS = {"vec-float32": ("vec", torch.float32), "amx-bfloat16": ("amx", torch.bfloat16)}
 
 
 def timed(fn, reps: int) -> float:
@@ -49,15 +52,16 @@ def parents_of(shape: str, n: int, gen) -> list[int]:
     return [-1] + [int(torch.randint(max(0, i - 3), i, (1,), generator=gen)) for i in range(1, n)]
 
 
-def case(context: int, shape: str, rows: int, reps: int, gen) -> dict:
-    kv = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM)
+def case(isa: str, dtype, context: int, shape: str, rows: int, reps: int, gen) -> dict:
+    kv = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM).to(dtype)
     key_cache, value_cache = kv.view(NUM_BLOCKS, KV_HEADS, 2 * BLOCK, DIM).chunk(2, 2)
     table = torch.randperm(NUM_BLOCKS, generator=gen)[:16].int()
-    query = torch.randn(rows, HEADS, DIM)
+    query = torch.randn(rows, HEADS, DIM).to(dtype)
     pos = torch.arange(context, context + rows)
     slots = table.long()[pos // BLOCK] * BLOCK + pos % BLOCK
-    keys, values = torch.randn(rows, KV_HEADS, DIM), torch.randn(rows, KV_HEADS, DIM)
-    write_cache(kv, ISA, keys, values, slots)
+    keys = torch.randn(rows, KV_HEADS, DIM).to(dtype)
+    values = torch.randn(rows, KV_HEADS, DIM).to(dtype)
+    write_cache(kv, isa, keys, values, slots)
 
     def stock(n: int):
         seq = torch.tensor([context + n], dtype=torch.int32)
@@ -68,15 +72,15 @@ def case(context: int, shape: str, rows: int, reps: int, gen) -> dict:
             num_kv_heads=KV_HEADS,
             head_dim=DIM,
             seq_lens=seq,
-            dtype=torch.float32,
+            dtype=dtype,
             query_start_loc=starts,
             causal=True,
             sliding_window_size=-1,
-            isa=ISA,
+            isa=isa,
             enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
             kv_cache_dtype="auto",
         )
-        out = torch.empty(n, HEADS, DIM)
+        out = torch.empty(n, HEADS, DIM, dtype=dtype)
         return lambda: ops.cpu_attention_with_kv_cache(
             query=query[:n],
             key_cache=key_cache,
@@ -101,8 +105,8 @@ def case(context: int, shape: str, rows: int, reps: int, gen) -> dict:
     tree = TreeRows(0, 0, 0, context, rows, 0)
     ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.tensor([parents])))
     fix = tree_fix(tree, needs_fix, ancestors, table, BLOCK)
-    layout = probe_layout(ISA, torch.float32, KV_HEADS, BLOCK, DIM)
-    output = torch.zeros(rows, HEADS * DIM)
+    layout = probe_layout(isa, dtype, KV_HEADS, BLOCK, DIM)
+    output = torch.zeros(rows, HEADS * DIM, dtype=dtype)
     has_child = set(parents[1:])
     return {
         "context": context,
@@ -122,11 +126,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="vec-float32")
+    parser.add_argument("--name", default="cpu_tree_attention_bench")
     args = parser.parse_args()
+    isa, dtype = LAYOUTS[args.layout]
+    if isa == "amx" and not torch.cpu._init_amx():  # asks the kernel for the AMX tiles
+        parser.error("this CPU has no AMX: --layout vec-float32")
     torch.set_num_threads(2)  # as vLLM's CPU worker on this machine
     gen = torch.Generator().manual_seed(0)
     rows = [
-        case(context, shape, n, args.reps, gen)
+        case(isa, dtype, context, shape, n, args.reps, gen)
         for context in (400, 1000)
         for shape, n in (("few leaves", 5), ("few leaves", 17), ("bushy", 17))
     ]
@@ -134,7 +143,8 @@ def main() -> None:
         f"# CPU tree attention per layer ({platform.machine()}, 2 threads)",
         "",
         f"`{command_line()}`: SmolLM2-135M's attention ({HEADS} heads, {KV_HEADS} KV heads, "
-        f"dim {DIM}), float32, vLLM's `{ISA}` cache layout in blocks of {BLOCK}; microseconds.",
+        f"dim {DIM}), {str(dtype)[6:]}, vLLM's `{isa}` cache layout in blocks of {BLOCK}; "
+        "microseconds.",
     ]
     header = ["context", "tree", "rows", "leaves", "recomputed", "kernel, 1 row"]
     header += ["kernel, all rows", "tree recompute"]
@@ -143,9 +153,7 @@ def main() -> None:
         + [f"{r[k]:.0f}" for k in ("stock_1_row_us", "stock_all_rows_us", "tree_recompute_us")]
         for r in rows
     ]
-    print(
-        write_results(args.out, "cpu_tree_attention_bench", {"cases": rows}, header, table, intro)
-    )
+    print(write_results(args.out, args.name, {"cases": rows}, header, table, intro))
 
 
 if __name__ == "__main__":

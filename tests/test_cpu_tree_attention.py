@@ -20,8 +20,21 @@ from vllm_dominotree.engine.tree_step import TreeRows
 from vllm_dominotree.tree.ancestry import ancestor_mask, tree_bits
 
 # (ISA, dtype, block size): vLLM picks vec for block sizes that are multiples of 32 on
-# x86 without AMX, vec16 for the others; both run on any x86 CPU.
-LAYOUTS = [("vec", torch.float32, 32), ("vec", torch.bfloat16, 128), ("vec16", torch.float32, 16)]
+# x86 without AMX, vec16 for the others; both run on any x86 CPU. With AMX it picks amx
+# for bfloat16, whose layout packs pairs and tiles (cpu_attention.BlockStrides).
+LAYOUTS = [
+    ("vec", torch.float32, 32),
+    ("vec", torch.bfloat16, 128),
+    ("vec16", torch.float32, 16),
+    pytest.param(
+        "amx",
+        torch.bfloat16,
+        128,
+        marks=pytest.mark.skipif(
+            not torch.cpu._is_amx_tile_supported(), reason="this CPU has no AMX"
+        ),
+    ),
+]
 
 
 @pytest.mark.parametrize("isa,dtype,block_size", LAYOUTS)
@@ -42,8 +55,28 @@ def test_layout_reads_back_what_the_writer_stored(isa, dtype, block_size):
     generic = CacheLayout(layout.key_offsets, layout.value_offsets, None, None)
     for way in (layout, generic):
         keys_t, got_values = way.read(kv_cache, blocks)  # [n, H, D, bs], [n, H, bs, D]
-        assert torch.equal(keys_t.permute(0, 3, 1, 2).reshape(tokens, heads, dim), keys)
-        assert torch.equal(got_values.transpose(1, 2).reshape(tokens, heads, dim), values)
+        assert keys_t.dtype == got_values.dtype == torch.float32
+        assert torch.equal(keys_t.permute(0, 3, 1, 2).reshape(tokens, heads, dim), keys.float())
+        assert torch.equal(got_values.transpose(1, 2).reshape(tokens, heads, dim), values.float())
+
+
+def test_packed_layouts_fit_strides_and_scrambled_ones_do_not():
+    """AMX's key layout (pairs of dims, tiles of 16 slots), built from its formula so that
+    the test runs on CPUs without AMX: the fitted strides read what a gather reads."""
+    heads, slots, dims = 2, 64, 8
+    h, t, d = torch.meshgrid(
+        torch.arange(heads), torch.arange(slots), torch.arange(dims), indexing="ij"
+    )
+    packed = 5 + h * 1024 + (t // 16) * 256 + (t % 16) * 2 + (d // 2) * 32 + d % 2
+    strides = cpu_attention._strides(packed)
+    assert (strides.slot_radix, strides.dim_radix) == (16, 2)
+    raw = torch.randn(3, 2048)
+    view = strides.view(raw, heads, slots, dims).reshape(3, heads, slots, dims)
+    assert torch.equal(view, raw[:, packed])
+    scrambled = packed.flatten()[
+        torch.randperm(packed.numel(), generator=torch.Generator().manual_seed(0))
+    ]
+    assert cpu_attention._strides(scrambled.view(heads, slots, dims)) is None
 
 
 def test_a_writer_that_is_not_a_plain_copy_is_refused(monkeypatch):

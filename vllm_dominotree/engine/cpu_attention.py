@@ -34,23 +34,51 @@ from .tree_step import TreeRows, installed
 
 
 @dataclass(frozen=True)
+class BlockStrides:
+    """A block's (head, slot, dim) elements as one strided view: the offset of element
+    (h, t, d) is base + h * head + (t // slot_radix) * slot_hi + (t % slot_radix) * slot_lo
+    + (d // dim_radix) * dim_hi + (d % dim_radix) * dim_lo. A radix of 1 is a plain stride;
+    AMX's layout packs pairs and tiles (keys: two dims side by side, sixteen slots per tile
+    row; values: two slots side by side), which a radix above 1 describes."""
+
+    base: int
+    head: int
+    slot_radix: int
+    slot_hi: int
+    slot_lo: int
+    dim_radix: int
+    dim_hi: int
+    dim_lo: int
+
+    def view(self, raw: torch.Tensor, heads: int, slots: int, dims: int) -> torch.Tensor:
+        """raw [n, per_block] (contiguous copies of blocks) -> [n, H, T_hi, T_lo, D_hi, D_lo]."""
+        n, per_block = raw.shape
+        sr, dr = self.slot_radix, self.dim_radix
+        return raw.as_strided(
+            (n, heads, slots // sr, sr, dims // dr, dr),
+            (per_block, self.head, self.slot_hi, self.slot_lo, self.dim_hi, self.dim_lo),
+            raw.storage_offset() + self.base,
+        )
+
+
+@dataclass(frozen=True)
 class CacheLayout:
     """Where the backend's writer puts a block's keys and values: for element (head h,
     slot t, dim d) its offset among the block's raw elements (a layer's cache is
-    [num_blocks, kv_heads, block_size, 2 * head_size]), and the same offsets as
-    (base, head, slot, dim) strides when they are affine (every ISA seen so far)."""
+    [num_blocks, kv_heads, block_size, 2 * head_size]), and the same offsets as strides
+    (`BlockStrides`) when they fit them (every ISA seen so far)."""
 
     key_offsets: torch.Tensor  # [H, block_size, D] int64
     value_offsets: torch.Tensor  # [H, block_size, D] int64
-    key_strides: tuple[int, int, int, int] | None
-    value_strides: tuple[int, int, int, int] | None
+    key_strides: BlockStrides | None
+    value_strides: BlockStrides | None
 
     def read(
         self, kv_cache: torch.Tensor, blocks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys (transposed) and values of `blocks`, [n, H, D, block_size] and
-        [n, H, block_size, D]: views of one copy of the blocks in the cache's own layout
-        (the vector ISAs store keys transposed, so the scores need no transpose)."""
+        """The keys (transposed) and values of `blocks` in float32 for the scores,
+        [n, H, D, block_size] and [n, H, block_size, D]: one copy of the blocks, converted
+        once (the vector ISAs store keys transposed already)."""
         heads, block_size, dims = self.key_offsets.shape
         per_block = kv_cache[0].numel()
         n = len(blocks)
@@ -58,24 +86,43 @@ class CacheLayout:
             picked = kv_cache.view(-1)[blocks[:, None, None, None] * per_block + self.key_offsets]
             keys = picked.transpose(2, 3)
             values = kv_cache.view(-1)[blocks[:, None, None, None] * per_block + self.value_offsets]
-            return keys, values
+            return keys.float(), values.float()
         raw = kv_cache.view(kv_cache.shape[0], per_block).index_select(0, blocks)
-        kb, kh, kt, kd = self.key_strides
-        vb, vh, vt, vd = self.value_strides
-        keys = raw.as_strided((n, heads, dims, block_size), (per_block, kh, kd, kt), kb)
-        values = raw.as_strided((n, heads, block_size, dims), (per_block, vh, vt, vd), vb)
-        return keys, values
+        keys = self.key_strides.view(raw, heads, block_size, dims).permute(0, 1, 4, 5, 2, 3)
+        values = self.value_strides.view(raw, heads, block_size, dims)
+        dense = torch.contiguous_format
+        return (
+            keys.to(torch.float32, memory_format=dense).view(n, heads, dims, block_size),
+            values.to(torch.float32, memory_format=dense).view(n, heads, block_size, dims),
+        )
 
 
-def _affine(offsets: torch.Tensor) -> tuple[int, int, int, int] | None:
+def _split(line: torch.Tensor) -> tuple[int, int, int] | None:
+    """(radix, hi, lo) with line[i] == (i // radix) * hi + (i % radix) * lo, the smallest
+    radix that fits, or None. line: the offsets along one index, from 0."""
+    n = len(line)
+    i = torch.arange(n)
+    for radix in (r for r in range(1, n + 1) if n % r == 0):
+        lo = int(line[1]) if radix > 1 else 0
+        hi = int(line[radix]) if radix < n else 0
+        if torch.equal((i // radix) * hi + (i % radix) * lo, line):
+            return radix, hi, lo
+    return None
+
+
+def _strides(offsets: torch.Tensor) -> BlockStrides | None:
     base = int(offsets[0, 0, 0])
     heads, slots, dims = offsets.shape
-    sh = int(offsets[1, 0, 0]) - base if heads > 1 else 0
-    st = int(offsets[0, 1, 0]) - base if slots > 1 else 0
-    sd = int(offsets[0, 0, 1]) - base if dims > 1 else 0
+    head = int(offsets[1, 0, 0]) - base if heads > 1 else 0
+    slot, dim = _split(offsets[0, :, 0] - base), _split(offsets[0, 0, :] - base)
+    if slot is None or dim is None:
+        return None
+    strides = BlockStrides(base, head, *slot, *dim)
     h, t, d = torch.arange(heads), torch.arange(slots), torch.arange(dims)
-    fitted = base + sh * h[:, None, None] + st * t[None, :, None] + sd * d[None, None, :]
-    return (base, sh, st, sd) if torch.equal(fitted, offsets) else None
+    t_part = (t // slot[0]) * slot[1] + (t % slot[0]) * slot[2]
+    d_part = (d // dim[0]) * dim[1] + (d % dim[0]) * dim[2]
+    fitted = base + head * h[:, None, None] + t_part[None, :, None] + d_part[None, None, :]
+    return strides if torch.equal(fitted, offsets) else None
 
 
 def write_cache(
@@ -130,7 +177,7 @@ def probe_layout(
             )
         offsets[which] = found.view(block_size, heads, head_size).permute(1, 0, 2).contiguous()
     k, v = offsets["key"], offsets["value"]
-    return CacheLayout(k, v, _affine(k), _affine(v))
+    return CacheLayout(k, v, _strides(k), _strides(v))
 
 
 @dataclass
@@ -194,11 +241,11 @@ def recompute_rows(
         # Query head h * group + g reads KV head h: [Hk, group * F, D], rows g-major.
         q = query[fix.rows].float().view(rows, kv_heads, group, dims)
         q = q.permute(1, 2, 0, 3).reshape(kv_heads, group * rows, dims)
-        scores = torch.matmul(q, keys_t.float())  # [n, Hk, group * F, bs]
+        scores = torch.matmul(q, keys_t)  # [n, Hk, group * F, bs]
         scores.mul_(scale).add_(fix.bias(group, keys_t.shape[-1]))
         scores.sub_(scores.amax(dim=(0, 3), keepdim=True)).exp_()
         total = scores.sum(dim=(0, 3))[..., None]  # [Hk, group * F, 1]
-        o = torch.matmul(scores, values.float()).sum(0).div_(total)  # [Hk, group * F, D]
+        o = torch.matmul(scores, values).sum(0).div_(total)  # [Hk, group * F, D]
         o = o.view(kv_heads, group, rows, dims).permute(2, 0, 1, 3).reshape(rows, heads * dims)
         output[fix.rows] = o.to(output.dtype).view(rows, *output.shape[1:])
 
