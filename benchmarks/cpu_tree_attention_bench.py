@@ -1,12 +1,13 @@
 """CPU tree attention per layer: vLLM's own kernel for 1 and 1 + N rows against the
-plugin's recompute of a tree's rows (engine/cpu_attention.py), SmolLM2-135M's geometry.
+plugin's recompute of a tree's rows (engine/cpu_attention.py: the same kernel over path
+requests on a scratch copy of the blocks), SmolLM2-135M's geometry.
 
     python benchmarks/cpu_tree_attention_bench.py --out benchmarks/results/cpu_tree_attention \
         [--layout vec-float32|amx-bfloat16] [--name NAME]
 
 A verification layer costs the stock kernel over all 1 + N rows plus the recompute of
 the rows a branching tree changes; a plain decode layer costs the kernel over 1 row.
-Writes cpu_tree_attention_bench.json and .md.
+Writes NAME.json and NAME.md (default NAME: cpu_tree_attention_bench).
 """
 
 from __future__ import annotations
@@ -15,18 +16,14 @@ import argparse
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 from vllm import _custom_ops as ops
 from vllm import envs
 
-from vllm_dominotree.engine.cpu_attention import (
-    probe_layout,
-    recompute_rows,
-    tree_fix,
-    write_cache,
-)
+from vllm_dominotree.engine.cpu_attention import path_batch, recompute_rows, write_cache
 from vllm_dominotree.engine.tree_step import TreeRows
 from vllm_dominotree.tree.ancestry import tree_bits
 
@@ -104,8 +101,10 @@ def case(isa: str, dtype, context: int, shape: str, rows: int, reps: int, gen) -
     parents = parents_of(shape, rows, gen)
     tree = TreeRows(0, 0, 0, context, rows, 0)
     ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.tensor([parents])))
-    fix = tree_fix(tree, needs_fix, ancestors, table, BLOCK)
-    layout = probe_layout(isa, dtype, KV_HEADS, BLOCK, DIM)
+    paths = path_batch([(tree, needs_fix, ancestors, table)], BLOCK)
+    impl = SimpleNamespace(
+        num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=DIM, scale=0.125, kv_cache_dtype="auto"
+    )
     output = torch.zeros(rows, HEADS * DIM, dtype=dtype)
     has_child = set(parents[1:])
     return {
@@ -113,11 +112,12 @@ def case(isa: str, dtype, context: int, shape: str, rows: int, reps: int, gen) -
         "tree": shape,
         "rows": rows,
         "leaves": sum(1 for i in range(rows) if i not in has_child),
-        "recomputed_rows": len(fix.rows),
+        "recomputed_rows": len(paths.query_rows),
+        "path_requests": len(paths.seq_lens),
         "stock_1_row_us": timed(stock(1), reps),
         "stock_all_rows_us": timed(stock(rows), reps),
         "tree_recompute_us": timed(
-            lambda: recompute_rows(query, kv, output, [fix], layout, 0.125), reps
+            lambda: recompute_rows(impl, isa, query, keys, values, kv, output, paths), reps
         ),
     }
 
@@ -146,10 +146,10 @@ def main() -> None:
         f"dim {DIM}), {str(dtype)[6:]}, vLLM's `{isa}` cache layout in blocks of {BLOCK}; "
         "microseconds.",
     ]
-    header = ["context", "tree", "rows", "leaves", "recomputed", "kernel, 1 row"]
+    header = ["context", "tree", "rows", "leaves", "recomputed", "path requests", "kernel, 1 row"]
     header += ["kernel, all rows", "tree recompute"]
     table = [
-        [r["context"], r["tree"], r["rows"], r["leaves"], r["recomputed_rows"]]
+        [r["context"], r["tree"], r["rows"], r["leaves"], r["recomputed_rows"], r["path_requests"]]
         + [f"{r[k]:.0f}" for k in ("stock_1_row_us", "stock_all_rows_us", "tree_recompute_us")]
         for r in rows
     ]

@@ -1,27 +1,23 @@
-"""The CPU tree attention (engine/cpu_attention.py) against a dense reference: the probed
-cache layouts read back what vLLM's own writer stored, and the recomputed tree rows see
-exactly the prefix, the root and their ancestors. The engine tests check the same path
-end to end (greedy output equal to the target alone)."""
+"""The CPU tree attention (engine/cpu_attention.py) against a dense reference: the path
+requests give every recomputed tree row exactly the prefix, the root and its ancestors,
+through vLLM's own kernel, for each cache layout vLLM's CPU backend uses. The engine
+tests check the same path end to end (greedy output equal to the target alone)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
-from vllm import _custom_ops as ops
 
-from vllm_dominotree.engine import cpu_attention
-from vllm_dominotree.engine.cpu_attention import (
-    CacheLayout,
-    probe_layout,
-    recompute_rows,
-    write_cache,
-)
+from vllm_dominotree.engine.cpu_attention import path_batch, recompute_rows, write_cache
 from vllm_dominotree.engine.tree_step import TreeRows
 from vllm_dominotree.tree.ancestry import ancestor_mask, tree_bits
 
 # (ISA, dtype, block size): vLLM picks vec for block sizes that are multiples of 32 on
 # x86 without AMX, vec16 for the others; both run on any x86 CPU. With AMX it picks amx
-# for bfloat16, whose layout packs pairs and tiles (cpu_attention.BlockStrides).
+# for bfloat16, whose layout packs pairs of dims and of slots.
 LAYOUTS = [
     ("vec", torch.float32, 32),
     ("vec", torch.bfloat16, 128),
@@ -30,66 +26,45 @@ LAYOUTS = [
         "amx",
         torch.bfloat16,
         128,
-        marks=pytest.mark.skipif(
-            not torch.cpu._is_amx_tile_supported(), reason="this CPU has no AMX"
-        ),
+        marks=pytest.mark.skipif(not torch.cpu._init_amx(), reason="this CPU has no AMX"),
     ),
 ]
 
 
-@pytest.mark.parametrize("isa,dtype,block_size", LAYOUTS)
-def test_layout_reads_back_what_the_writer_stored(isa, dtype, block_size):
-    heads, dim, num_blocks = 2, 64, 9
-    layout = probe_layout(isa, dtype, heads, block_size, dim)
-    assert layout.key_strides is not None and layout.value_strides is not None
-    gen = torch.Generator().manual_seed(0)
-    blocks = torch.tensor([6, 1, 8, 3])
-    tokens = len(blocks) * block_size
-    keys = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
-    values = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
-    kv_cache = torch.zeros(num_blocks, heads, block_size, 2 * dim, dtype=dtype)
-    positions = torch.arange(tokens)
-    slots = blocks[positions // block_size] * block_size + positions % block_size
-    write_cache(kv_cache, isa, keys, values, slots)
-    # The strided views and the element offsets they were fitted to give the same.
-    generic = CacheLayout(layout.key_offsets, layout.value_offsets, None, None)
-    for way in (layout, generic):
-        keys_t, got_values = way.read(kv_cache, blocks)  # [n, H, D, bs], [n, H, bs, D]
-        assert keys_t.dtype == got_values.dtype == torch.float32
-        assert torch.equal(keys_t.permute(0, 3, 1, 2).reshape(tokens, heads, dim), keys.float())
-        assert torch.equal(got_values.transpose(1, 2).reshape(tokens, heads, dim), values.float())
+def bits_and_fixes(parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    ancestors, _, needs_fix = tree_bits(torch.tensor([parents]))
+    return ancestors[0].numpy(), needs_fix[0].numpy()
 
 
-def test_packed_layouts_fit_strides_and_scrambled_ones_do_not():
-    """AMX's key layout (pairs of dims, tiles of 16 slots), built from its formula so that
-    the test runs on CPUs without AMX: the fitted strides read what a gather reads."""
-    heads, slots, dims = 2, 64, 8
-    h, t, d = torch.meshgrid(
-        torch.arange(heads), torch.arange(slots), torch.arange(dims), indexing="ij"
-    )
-    packed = 5 + h * 1024 + (t // 16) * 256 + (t % 16) * 2 + (d // 2) * 32 + d % 2
-    strides = cpu_attention._strides(packed)
-    assert (strides.slot_radix, strides.dim_radix) == (16, 2)
-    raw = torch.randn(3, 2048)
-    view = strides.view(raw, heads, slots, dims).reshape(3, heads, slots, dims)
-    assert torch.equal(view, raw[:, packed])
-    scrambled = packed.flatten()[
-        torch.randperm(packed.numel(), generator=torch.Generator().manual_seed(0))
-    ]
-    assert cpu_attention._strides(scrambled.view(heads, slots, dims)) is None
+def test_each_fixed_row_is_asked_once_by_the_first_path_through_it():
+    # root - 1 - 3 and root - 2 - 4: rows 2, 3, 4 see other than their causal prefix.
+    parents = [-1, 0, 0, 1, 2]
+    ancestors, needs_fix = bits_and_fixes(parents)
+    assert needs_fix.tolist() == [False, False, True, True, True]
+    block_size, start, token_row = 32, 70, 3  # the root sits in the request's third block
+    tree = TreeRows(0, token_row, token_row, start, len(parents), 0)
+    table = torch.tensor([11, 12, 13, 14], dtype=torch.int32)
+    paths = path_batch([(tree, needs_fix, ancestors, table)], block_size)
+    # Path 0-1-3 asks for row 3 only (row 1 is causal); path 0-2-4 for rows 2 and 4.
+    assert (paths.query_rows - token_row).tolist() == [3, 2, 4]
+    assert paths.query_start_loc.tolist() == [0, 1, 3]
+    assert paths.seq_lens.tolist() == [start + 3, start + 3]
+    # The prefix's two blocks are copied once, each path copies the root's block.
+    assert paths.source_blocks.tolist() == [11, 12, 13, 13]
+    assert paths.block_table.tolist() == [[0, 1, 2], [0, 1, 3]]
+    # Each path's rows go to the positions after the root in its own block copy.
+    assert (paths.kv_rows - token_row).tolist() == [1, 3, 2, 4]
+    # Positions 71 and 72 are slots 7 and 8 of a block.
+    slots = [2 * block_size + 7, 2 * block_size + 8, 3 * block_size + 7, 3 * block_size + 8]
+    assert paths.kv_slots.tolist() == slots
 
 
-def test_a_writer_that_is_not_a_plain_copy_is_refused(monkeypatch):
-    class Lossy:
-        @staticmethod
-        def cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, *args, **kwargs):
-            ops.cpu_attn_reshape_and_cache(
-                key * 0.5, value, key_cache, value_cache, *args, **kwargs
-            )
-
-    monkeypatch.setattr(cpu_attention, "ops", Lossy)
-    with pytest.raises(NotImplementedError, match="plain copies"):
-        probe_layout.__wrapped__("vec", torch.float32, 2, 32, 64)
+def test_no_path_requests_for_chains():
+    parents = [-1, 0, 1, 2]
+    ancestors, needs_fix = bits_and_fixes(parents)
+    tree = TreeRows(0, 0, 0, 5, len(parents), 0)
+    table = torch.tensor([1], dtype=torch.int32)
+    assert path_batch([(tree, needs_fix, ancestors, table)], 32) is None
 
 
 def random_parents(n, gen):
@@ -99,10 +74,12 @@ def random_parents(n, gen):
 @pytest.mark.parametrize("isa,dtype,block_size", LAYOUTS)
 def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
     heads, kv_heads, dim, num_blocks, scale = 6, 2, 64, 40, 0.125
-    layout = probe_layout(isa, dtype, kv_heads, block_size, dim)
+    impl = SimpleNamespace(
+        num_heads=heads, num_kv_heads=kv_heads, head_size=dim, scale=scale, kv_cache_dtype="auto"
+    )
     gen = torch.Generator().manual_seed(1)
     # Two trees of two requests, each right after its own committed prefix, in one batch
-    # behind a plain decode row (row 0).
+    # behind a plain decode row (row 0); the second tree crosses a block boundary.
     starts, sizes = [block_size + 5, 3 * block_size - 2], [17, 9]
     tables = torch.randperm(num_blocks, generator=gen)[:16].view(2, 8).int()
     trees, tree_parents, token_row = [], [], 1
@@ -112,37 +89,41 @@ def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
         token_row += n
     tokens = token_row
     query = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    key = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
+    value = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
     kv_cache = torch.zeros(num_blocks, kv_heads, block_size, 2 * dim, dtype=dtype)
     sequences = []
-    for t in trees:  # the prefix and the tree's rows at their linear slots
-        length = t.start + t.num_rows
-        keys = torch.randn(length, kv_heads, dim, generator=gen).to(dtype)
-        values = torch.randn(length, kv_heads, dim, generator=gen).to(dtype)
-        pos = torch.arange(length)
+    for t in trees:  # the prefix, then the tree's rows at their linear slots
+        keys = torch.randn(t.start + t.num_rows, kv_heads, dim, generator=gen).to(dtype)
+        values = torch.randn(t.start + t.num_rows, kv_heads, dim, generator=gen).to(dtype)
+        rows = slice(t.token_row, t.token_row + t.num_rows)
+        keys[t.start :], values[t.start :] = key[rows], value[rows]
+        pos = torch.arange(len(keys))
         slots = tables[t.batch_index].long()[pos // block_size] * block_size + pos % block_size
         write_cache(kv_cache, isa, keys, values, slots)
         sequences.append((keys, values))
-    output = torch.full((tokens, heads * dim), 7.0, dtype=dtype)
-    fixes = []
+    before = kv_cache.clone()
+    described = []
     for t, parents in zip(trees, tree_parents, strict=True):
-        ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.tensor([parents])))
-        fix = cpu_attention.tree_fix(t, needs_fix, ancestors, tables[t.batch_index], block_size)
-        assert fix is not None
-        fixes.append(fix)
-    recompute_rows(query, kv_cache, output, fixes, layout, scale)
+        ancestors, needs_fix = bits_and_fixes(parents)
+        described.append((t, needs_fix, ancestors, tables[t.batch_index]))
+    paths = path_batch(described, block_size)
+    output = torch.full((tokens, heads * dim), 7.0, dtype=dtype)
+    recompute_rows(impl, isa, query, key, value, kv_cache, output, paths)
+    assert torch.equal(kv_cache, before)  # path requests run on a scratch copy
 
     fixed = torch.zeros(tokens, dtype=torch.bool)
-    for t, parents, fix, (keys, values) in zip(trees, tree_parents, fixes, sequences, strict=True):
-        fixed[fix.rows] = True
+    fixed[paths.query_rows] = True
+    for t, parents, (keys, values) in zip(trees, tree_parents, sequences, strict=True):
+        _, needs_fix = bits_and_fixes(parents)
+        assert fixed[t.token_row : t.token_row + t.num_rows].tolist() == needs_fix.tolist()
         sees = torch.ones(t.num_rows, t.start + t.num_rows, dtype=torch.bool)
         sees[:, t.start :] = ancestor_mask(parents)
         group = heads // kv_heads
         k = keys.float().repeat_interleave(group, 1)  # [length, heads, D]
         v = values.float().repeat_interleave(group, 1)
-        for i in range(t.num_rows):
+        for i in np.nonzero(needs_fix)[0]:
             row = t.token_row + i
-            if not fixed[row]:
-                continue
             scores = torch.einsum("hd,thd->ht", query[row].float(), k) * scale
             scores[:, ~sees[i]] = float("-inf")
             expected = torch.einsum("ht,thd->hd", scores.softmax(-1), v).reshape(-1)

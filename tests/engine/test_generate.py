@@ -86,7 +86,7 @@ def test_other_scorers_are_lossless(other_scorer, expected):
     assert greedy(llm) == expected
     stats = tree_stats(llm)
     assert stats["trees"] > 0 and stats["mean_accept_length"] > 1.5
-    assert stats["tree_attention"] == "cpu"  # the masked attention of cpu_attention.py
+    assert stats["tree_attention"] == "cpu"  # path requests (cpu_attention.py)
     # CPU: no captured builds; every step's trees were built (at least one per tree step).
     assert stats["graph_builds"] == 0 and stats["eager_builds"] >= stats["steps"] > 0
     assert stats["graph_accepts"] == 0 and stats["eager_accepts"] >= stats["steps"]

@@ -17,8 +17,9 @@ FEATURES = {
     "attention sinks": lambda impl: getattr(impl, "sinks", None) is not None,
     "a quantized KV cache": lambda impl: impl.kv_cache_dtype != "auto",
 }
-# The rows a tree changes are recomputed by the plugin's own attention (a Triton fix-up
-# on CUDA, a masked attention in torch on CPU), which implements plain causal attention only.
+# The rows a tree changes are recomputed outside vLLM's own call: by the plugin's Triton
+# fix-up on CUDA, and on CPU by vLLM's kernel over path requests, which the plugin calls
+# for plain causal attention only (no window, soft cap, sinks or cache scales).
 TREE_LACKS = tuple(FEATURES)
 
 

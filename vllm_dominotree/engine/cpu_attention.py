@@ -1,17 +1,20 @@
 """Tree verification on CPU (the CPU_ATTN backend, vLLM 0.32).
 
 vLLM's kernel runs first over every row, causally: right for the roots, for chains and
-for every row outside trees, and it writes every row's K/V into its linear slot. Then,
-per branching tree, the rows whose ancestor set is not their causal prefix (`needs_fix`)
-are recomputed in one masked attention: their queries against the request's cached
-sequence up to the tree's last row, each row seeing the prefix, the root and its own
-ancestors. One attention per tree and layer, whatever the number of leaves.
+for every row outside trees, and it writes every row's K/V into its linear slot. The rows
+whose ancestor set is not their causal prefix (`needs_fix`) are then computed again by
+the same kernel, over path requests: one per root-to-leaf path that holds such rows, its
+sequence the request's prefix followed by the path's rows (root first), so the kernel's
+causal attention over it is the ancestor-only attention of the path's rows. A path
+request's queries are its fixed rows that no earlier path took: a suffix of the path,
+since a fixed row's descendants are fixed and two paths share a prefix.
 
-The cache is read in place: its layout depends on the ISA (the vector ISAs store a
-block's keys transposed), so it is not assumed but probed once per geometry with the
-backend's own writer (`probe_layout`). What the recomputation needs besides the layer's
-tensors (blocks, rows, mask) is the same for every layer of a step and is built once
-per step (`TreeFix`).
+The kernel reads one cache tensor, so per layer the path requests run on a scratch copy
+of the blocks they read (whole blocks, so the cache's layout, which differs between
+ISAs, never matters): each request's blocks before its tree's first block once, and per
+path its own copies of the blocks from there on, where vLLM's writer puts the path's K/V
+at the path's positions. What the path requests need besides the layer's tensors is the
+same for every layer of a step and is built once per step (`PathBatch`).
 
 Accepted paths are not moved slot to slot inside the ISA's layout either: the backend
 keeps a copy of the step's K/V rows per layer (`captured_kv`), which commit.py rewrites
@@ -21,108 +24,16 @@ into the path's new slots with the backend's own writer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 
 import numpy as np
 import torch
 from vllm import _custom_ops as ops
+from vllm import envs
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
 from .backend_support import TREE_LACKS, check_supported
 from .commit import captured_kv
 from .tree_step import TreeRows, installed
-
-
-@dataclass(frozen=True)
-class BlockStrides:
-    """A block's (head, slot, dim) elements as one strided view: the offset of element
-    (h, t, d) is base + h * head + (t // slot_radix) * slot_hi + (t % slot_radix) * slot_lo
-    + (d // dim_radix) * dim_hi + (d % dim_radix) * dim_lo. A radix of 1 is a plain stride;
-    AMX's layout packs pairs and tiles (keys: two dims side by side, sixteen slots per tile
-    row; values: two slots side by side), which a radix above 1 describes."""
-
-    base: int
-    head: int
-    slot_radix: int
-    slot_hi: int
-    slot_lo: int
-    dim_radix: int
-    dim_hi: int
-    dim_lo: int
-
-    def view(self, raw: torch.Tensor, heads: int, slots: int, dims: int) -> torch.Tensor:
-        """raw [n, per_block] (contiguous copies of blocks) -> [n, H, T_hi, T_lo, D_hi, D_lo]."""
-        n, per_block = raw.shape
-        sr, dr = self.slot_radix, self.dim_radix
-        return raw.as_strided(
-            (n, heads, slots // sr, sr, dims // dr, dr),
-            (per_block, self.head, self.slot_hi, self.slot_lo, self.dim_hi, self.dim_lo),
-            raw.storage_offset() + self.base,
-        )
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """Where the backend's writer puts a block's keys and values: for element (head h,
-    slot t, dim d) its offset among the block's raw elements (a layer's cache is
-    [num_blocks, kv_heads, block_size, 2 * head_size]), and the same offsets as strides
-    (`BlockStrides`) when they fit them (every ISA seen so far)."""
-
-    key_offsets: torch.Tensor  # [H, block_size, D] int64
-    value_offsets: torch.Tensor  # [H, block_size, D] int64
-    key_strides: BlockStrides | None
-    value_strides: BlockStrides | None
-
-    def read(
-        self, kv_cache: torch.Tensor, blocks: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys (transposed) and values of `blocks` in float32 for the scores,
-        [n, H, D, block_size] and [n, H, block_size, D]: one copy of the blocks, converted
-        once (the vector ISAs store keys transposed already)."""
-        heads, block_size, dims = self.key_offsets.shape
-        per_block = kv_cache[0].numel()
-        n = len(blocks)
-        if self.key_strides is None or self.value_strides is None:
-            picked = kv_cache.view(-1)[blocks[:, None, None, None] * per_block + self.key_offsets]
-            keys = picked.transpose(2, 3)
-            values = kv_cache.view(-1)[blocks[:, None, None, None] * per_block + self.value_offsets]
-            return keys.float(), values.float()
-        raw = kv_cache.view(kv_cache.shape[0], per_block).index_select(0, blocks)
-        keys = self.key_strides.view(raw, heads, block_size, dims).permute(0, 1, 4, 5, 2, 3)
-        values = self.value_strides.view(raw, heads, block_size, dims)
-        dense = torch.contiguous_format
-        return (
-            keys.to(torch.float32, memory_format=dense).view(n, heads, dims, block_size),
-            values.to(torch.float32, memory_format=dense).view(n, heads, block_size, dims),
-        )
-
-
-def _split(line: torch.Tensor) -> tuple[int, int, int] | None:
-    """(radix, hi, lo) with line[i] == (i // radix) * hi + (i % radix) * lo, the smallest
-    radix that fits, or None. line: the offsets along one index, from 0."""
-    n = len(line)
-    i = torch.arange(n)
-    for radix in (r for r in range(1, n + 1) if n % r == 0):
-        lo = int(line[1]) if radix > 1 else 0
-        hi = int(line[radix]) if radix < n else 0
-        if torch.equal((i // radix) * hi + (i % radix) * lo, line):
-            return radix, hi, lo
-    return None
-
-
-def _strides(offsets: torch.Tensor) -> BlockStrides | None:
-    base = int(offsets[0, 0, 0])
-    heads, slots, dims = offsets.shape
-    head = int(offsets[1, 0, 0]) - base if heads > 1 else 0
-    slot, dim = _split(offsets[0, :, 0] - base), _split(offsets[0, 0, :] - base)
-    if slot is None or dim is None:
-        return None
-    strides = BlockStrides(base, head, *slot, *dim)
-    h, t, d = torch.arange(heads), torch.arange(slots), torch.arange(dims)
-    t_part = (t // slot[0]) * slot[1] + (t % slot[0]) * slot[2]
-    d_part = (d // dim[0]) * dim[1] + (d % dim[0]) * dim[2]
-    fitted = base + head * h[:, None, None] + t_part[None, :, None] + d_part[None, None, :]
-    return strides if torch.equal(fitted, offsets) else None
 
 
 def write_cache(
@@ -140,118 +51,144 @@ def write_cache(
     )
 
 
-@cache
-def probe_layout(
-    isa: str, dtype: torch.dtype, heads: int, block_size: int, head_size: int
-) -> CacheLayout:
-    """Write numbered keys (then values) into block 1 of a scratch cache with the
-    backend's own writer and read back where each number landed. Numbers go in base-128
-    digits, one pass per digit, so that every cache dtype holds them exactly."""
-    count = block_size * heads * head_size
-    ids = torch.arange(count).view(block_size, heads, head_size)  # the writer's [T, H, D]
-    digits = max(1, int(np.ceil(np.log(count) / np.log(128))))
-    offsets = {}
-    for which in ("key", "value"):
-        landed, number = None, torch.zeros(heads * block_size * 2 * head_size, dtype=torch.int64)
-        for digit in range(digits):
-            cache = torch.full((2, heads, block_size, 2 * head_size), -1.0, dtype=dtype)
-            numbered = ((ids >> (7 * digit)) & 127).to(dtype)
-            blank = torch.full_like(numbered, -1.0)
-            key, value = (numbered, blank) if which == "key" else (blank, numbered)
-            write_cache(cache, isa, key, value, torch.arange(block_size, 2 * block_size))
-            raw = cache[1].reshape(-1)
-            here = raw >= 0
-            if landed is not None and not torch.equal(here, landed):
-                landed = None
-                break
-            landed = here
-            number[here] += raw[here].long() << (7 * digit)
-        at = torch.nonzero(landed).view(-1) if landed is not None else torch.empty(0)
-        found = torch.full((count,), -1, dtype=torch.int64)
-        if len(at) == count and int(number[at].max()) < count:
-            found[number[at]] = at
-        if len(at) != count or (found < 0).any():
-            raise NotImplementedError(
-                f"dominotree: the CPU attention cache of ISA {isa!r} ({dtype}) does not store "
-                "the keys and values as plain copies; tree verification cannot read it"
-            )
-        offsets[which] = found.view(block_size, heads, head_size).permute(1, 0, 2).contiguous()
-    k, v = offsets["key"], offsets["value"]
-    return CacheLayout(k, v, _strides(k), _strides(v))
-
-
 @dataclass
-class TreeFix:
-    """One branching tree's recomputed rows, the same for every layer of a step."""
+class PathBatch:
+    """A step's recomputed rows as path requests of vLLM's kernel, the same for every
+    layer of the step (per KV cache group)."""
 
-    rows: torch.Tensor  # [F] forward rows whose output is replaced
-    blocks: torch.Tensor  # [n] the request's blocks holding positions 0 .. length - 1
-    length: int  # the root's position + the tree's rows
-    mask: torch.Tensor  # [F, length] bool: what each recomputed row sees
-    _bias: dict = field(default_factory=dict)  # per query-head group: the mask as a bias
+    source_blocks: torch.Tensor  # [m] int64: scratch block i copies cache block source_blocks[i]
+    block_table: torch.Tensor  # [P, max_blocks] int32, into the scratch
+    seq_lens: torch.Tensor  # [P] int32
+    query_start_loc: torch.Tensor  # [P + 1] int32
+    query_rows: torch.Tensor  # [Q] int64: forward rows whose output is replaced
+    kv_rows: torch.Tensor  # [W] int64: forward rows whose K/V the scratch takes ...
+    kv_slots: torch.Tensor  # [W] int64: ... at these slots of the scratch
+    _schedules: dict = field(default_factory=dict)  # the kernel's plan, per layer geometry
 
-    def bias(self, group: int, block_size: int) -> torch.Tensor:
-        """[n, 1, group * F, block_size] float32: 0 where a row sees a slot, -inf where
-        it does not (and past the sequence), laid out as the blocks' scores."""
-        if group not in self._bias:
-            rows = len(self.rows)
-            flat = torch.full((group * rows, len(self.blocks) * block_size), float("-inf"))
-            flat[:, : self.length].masked_fill_(self.mask.repeat(group, 1), 0.0)
-            blocks = flat.view(group * rows, len(self.blocks), block_size).transpose(0, 1)
-            self._bias[group] = blocks[:, None].contiguous()
-        return self._bias[group]
+    def schedule(self, impl: CPUAttentionBackendImpl, isa: str, dtype: torch.dtype):
+        key = (impl.num_heads, impl.num_kv_heads, impl.head_size, isa, dtype)
+        if key not in self._schedules:
+            self._schedules[key] = ops.cpu_attn_get_scheduler_metadata(
+                num_reqs=len(self.seq_lens),
+                num_heads=impl.num_heads,
+                num_kv_heads=impl.num_kv_heads,
+                head_dim=impl.head_size,
+                seq_lens=self.seq_lens,
+                dtype=dtype,
+                query_start_loc=self.query_start_loc,
+                causal=True,
+                sliding_window_size=-1,
+                isa=isa,
+                enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+                kv_cache_dtype=impl.kv_cache_dtype,
+            )
+        return self._schedules[key]
 
 
-def tree_fix(
-    tree: TreeRows,
-    needs_fix: np.ndarray,  # [n] bool, per row of the tree
-    ancestors: np.ndarray,  # [n] int64 ancestor bits (tree_step.py)
-    block_table: torch.Tensor,  # [max_blocks] the request's row of the block table
+def path_batch(
+    trees: list[tuple[TreeRows, np.ndarray, np.ndarray, torch.Tensor]],
     block_size: int,
-) -> TreeFix | None:
-    if not needs_fix.any():
+) -> PathBatch | None:
+    """trees: per tree (its rows, needs_fix [n] bool, ancestor bits [n] int64 as in
+    tree_step.py: bit j - 1 is row j, the root implied, and the request's block table
+    row). None when no row needs recomputing."""
+    sources: list[int] = []
+    tables: list[list[int]] = []
+    seq_lens: list[int] = []
+    query_rows: list[int] = []
+    query_starts = [0]
+    kv_rows: list[int] = []
+    kv_slots: list[int] = []
+    for tree, needs_fix, ancestors, block_table in trees:
+        if not needs_fix.any():
+            continue
+        n, start = tree.num_rows, tree.start
+        first_block = start // block_size  # the block holding the root's position
+        table = block_table.tolist()
+        shared = list(range(len(sources), len(sources) + first_block))
+        sources += table[:first_block]
+        bits = (ancestors[:, None] >> np.arange(n - 1)[None, :]) & 1  # [n, n - 1]: row j + 1
+        has_child = bits.sum(0) > 1  # an ancestor of some row besides itself
+        taken = np.zeros(n, dtype=bool)
+        for leaf in range(1, n):
+            if has_child[leaf - 1]:
+                continue
+            path = [0, *(np.nonzero(bits[leaf])[0] + 1).tolist()]
+            queries = [r for r in path if needs_fix[r] and not taken[r]]
+            if not queries:
+                continue
+            assert queries == path[-len(queries) :], "fixed rows not a suffix of the path"
+            taken[queries] = True
+            length = start + len(path)
+            own = list(
+                range(len(sources), len(sources) + (length - 1) // block_size + 1 - first_block)
+            )
+            sources += table[first_block : first_block + len(own)]
+            scratch = shared + own
+            for i, row in enumerate(path[1:], 1):
+                position = start + i
+                kv_rows.append(tree.token_row + row)
+                kv_slots.append(
+                    scratch[position // block_size] * block_size + position % block_size
+                )
+            tables.append(scratch)
+            seq_lens.append(length)
+            query_rows += [tree.token_row + r for r in queries]
+            query_starts.append(len(query_rows))
+    if not tables:
         return None
-    n = tree.num_rows
-    length = tree.start + n
-    mask = np.ones((int(needs_fix.sum()), length), dtype=bool)
-    # Row j of the tree sits at position start + j; bit j - 1 says "is an ancestor".
-    mask[:, tree.start + 1 :] = (ancestors[needs_fix, None] >> np.arange(n - 1)[None, :]) & 1
-    rows = torch.from_numpy(np.nonzero(needs_fix)[0] + tree.token_row)
-    blocks = block_table[: -(-length // block_size)].long()
-    return TreeFix(rows, blocks, length, torch.from_numpy(mask))
+    width = max(map(len, tables))
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    return PathBatch(
+        torch.tensor(sources, dtype=torch.int64),
+        torch.tensor(padded, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32),
+        torch.tensor(query_starts, dtype=torch.int32),
+        torch.tensor(query_rows, dtype=torch.int64),
+        torch.tensor(kv_rows, dtype=torch.int64),
+        torch.tensor(kv_slots, dtype=torch.int64),
+    )
 
 
 def recompute_rows(
+    impl: CPUAttentionBackendImpl,
+    isa: str,
     query: torch.Tensor,  # [tokens, heads, D]
+    key: torch.Tensor,  # [tokens, kv_heads, D]
+    value: torch.Tensor,  # [tokens, kv_heads, D]
     kv_cache: torch.Tensor,  # [num_blocks, kv_heads, block_size, 2 * D], rows written
     output: torch.Tensor,  # [tokens, heads * D] or [tokens, heads, D]
-    fixes: list[TreeFix],
-    layout: CacheLayout,
-    scale: float,
+    paths: PathBatch,
 ) -> None:
-    """Overwrite the fixed rows' outputs with their ancestor-only attention, computed
-    block by block of the request's cache (float32 scores and sums): the softmax runs
-    over the blocks and their slots at once, so no block is copied into one sequence."""
-    heads, dims = query.shape[1], query.shape[2]
-    kv_heads = kv_cache.shape[1]
-    group = heads // kv_heads
-    for fix in fixes:
-        keys_t, values = layout.read(kv_cache, fix.blocks)  # [n, Hk, D, bs], [n, Hk, bs, D]
-        rows = len(fix.rows)
-        # Query head h * group + g reads KV head h: [Hk, group * F, D], rows g-major.
-        q = query[fix.rows].float().view(rows, kv_heads, group, dims)
-        q = q.permute(1, 2, 0, 3).reshape(kv_heads, group * rows, dims)
-        scores = torch.matmul(q, keys_t)  # [n, Hk, group * F, bs]
-        scores.mul_(scale).add_(fix.bias(group, keys_t.shape[-1]))
-        scores.sub_(scores.amax(dim=(0, 3), keepdim=True)).exp_()
-        total = scores.sum(dim=(0, 3))[..., None]  # [Hk, group * F, 1]
-        o = torch.matmul(scores, values).sum(0).div_(total)  # [Hk, group * F, D]
-        o = o.view(kv_heads, group, rows, dims).permute(2, 0, 1, 3).reshape(rows, heads * dims)
-        output[fix.rows] = o.to(output.dtype).view(rows, *output.shape[1:])
+    """Overwrite the fixed rows' outputs with vLLM's kernel over the path requests."""
+    scratch = kv_cache.index_select(0, paths.source_blocks)
+    write_cache(scratch, isa, key[paths.kv_rows], value[paths.kv_rows], paths.kv_slots)
+    blocks, kv_heads, block_size, _ = scratch.shape
+    key_cache, value_cache = scratch.view(blocks, kv_heads, 2 * block_size, -1).chunk(2, 2)
+    queries = query[paths.query_rows]
+    out = torch.empty_like(queries)
+    ops.cpu_attention_with_kv_cache(
+        query=queries,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=out,
+        query_start_loc=paths.query_start_loc,
+        seq_lens=paths.seq_lens,
+        scale=impl.scale,
+        causal=True,
+        alibi_slopes=None,
+        sliding_window=-1,
+        block_table=paths.block_table,
+        softcap=0.0,
+        scheduler_metadata=paths.schedule(impl, isa, query.dtype),
+        s_aux=None,
+    )
+    output.view(output.shape[0], *queries.shape[1:])[paths.query_rows] = out
 
 
-# The current step's fixes (step, then per attention metadata, i.e. per KV cache group).
-_step_fixes: dict = {"step": None}
+# The current step's path requests (step, then per attention metadata, i.e. per KV cache
+# group).
+_step_paths: dict = {"step": None}
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -266,33 +203,26 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         captured_kv[layer.layer_name] = (key[:rows].clone(), value[:rows].clone())
         if not step.any_fix:
             return out
-        if not kv_cache.is_contiguous():
-            raise NotImplementedError("dominotree: CPU tree verification needs a contiguous cache")
-        _, heads, block_size, _ = kv_cache.shape
-        layout = probe_layout(layer.isa, kv_cache.dtype, heads, block_size, self.head_size)
-        fixes = self._fixes(verification, attn_metadata, block_size)
-        recompute_rows(query, kv_cache, output, fixes, layout, self.scale)
+        paths = self._paths(verification, attn_metadata, kv_cache.shape[2])
+        if paths is not None:
+            recompute_rows(self, layer.isa, query, key, value, kv_cache, output, paths)
         return out
 
     @staticmethod
-    def _fixes(verification, md, block_size: int) -> list[TreeFix]:
+    def _paths(verification, md, block_size: int) -> PathBatch | None:
         step = verification.step
-        if _step_fixes["step"] is not step:
-            _step_fixes.clear()
-            _step_fixes["step"] = step
-        fixes = _step_fixes.get(id(md))
-        if fixes is None:
+        if _step_paths["step"] is not step:
+            _step_paths.clear()
+            _step_paths["step"] = step
+        if id(md) not in _step_paths:
             needs_fix = verification.buffers.token_needs_fix.numpy().astype(bool)
             ancestors = verification.buffers.token_ancestors.numpy()
-            fixes = []
+            trees = []
             for t in step.trees:
                 rows = slice(t.token_row, t.token_row + t.num_rows)
-                table = md.block_table[t.batch_index]
-                fix = tree_fix(t, needs_fix[rows], ancestors[rows], table, block_size)
-                if fix is not None:
-                    fixes.append(fix)
-            _step_fixes[id(md)] = fixes
-        return fixes
+                trees.append((t, needs_fix[rows], ancestors[rows], md.block_table[t.batch_index]))
+            _step_paths[id(md)] = path_batch(trees, block_size)
+        return _step_paths[id(md)]
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):
