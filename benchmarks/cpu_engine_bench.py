@@ -88,12 +88,13 @@ def run_method(name, options, dirs, prompts, args):
     return row, outputs
 
 
-def pair_and_prompts(args) -> tuple[tuple[Path, Path], list[list[int]], str]:
-    """(target dir, drafter dir), the prompts' token ids, and the pair in words."""
+def pair_and_prompts(args, tmp: str) -> tuple[tuple[Path, Path], list[list[int]], str]:
+    """(target dir, drafter dir), the prompts' token ids, and the pair in words (the toy
+    pair written under tmp)."""
     if args.pair == "toy":
         from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 
-        dirs = write_pair(Path(tempfile.mkdtemp()), PairSpec(noise=args.noise))
+        dirs = write_pair(tmp, PairSpec(noise=args.noise))
         return dirs, toy_prompts(args.prompts), f"toy pair (PairSpec(noise={args.noise}))"
     from transformers import AutoTokenizer
 
@@ -121,14 +122,15 @@ def main() -> None:
     if args.methods[0] != "no-spec":
         parser.error("--methods starts with no-spec: the speedups are over it")
 
-    dirs, prompts, pair = pair_and_prompts(args)
-    rows, reference = [], None
-    for name in args.methods:
-        row, outputs = run_method(name, METHODS[name], dirs, prompts, args)
-        reference = reference or outputs
-        row["equals_no_spec"] = outputs == reference
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs, prompts, pair = pair_and_prompts(args, tmp)
+        rows, reference = [], None
+        for name in args.methods:
+            row, outputs = run_method(name, METHODS[name], dirs, prompts, args)
+            reference = reference or outputs
+            row["equals_no_spec"] = outputs == reference
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     base = rows[0]
     for row in rows:
         row["batch_speedup"] = row["batch_tok_s"] / base["batch_tok_s"]
