@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from vllm_dominotree.evaluation.datasets import load_dataset
-from vllm_dominotree.training.distill import evaluation_texts, overlap, training_prompts
+from vllm_dominotree.training.distill import (
+    evaluation_texts,
+    overlap,
+    training_prompts,
+    user_turn_prefix,
+)
 
 
 def test_prompts_are_distinct_deterministic_and_varied():
@@ -23,3 +28,16 @@ def test_the_overlap_check_finds_a_leaked_prompt():
     leaked = load_dataset("mtbench")[3][0]
     hits = overlap([*training_prompts(20), leaked], evaluation_texts())
     assert [i for i, _ in hits] == [20]
+
+
+def test_user_turn_prefix_is_the_template_up_to_the_users_text(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prefix = user_turn_prefix(tokenizer)
+    assert prefix.endswith("<|im_start|>user\n") and prefix.count("<|im_start|>") == 2
+    text = "Name three colors."
+    full = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    assert full.startswith(prefix + text)

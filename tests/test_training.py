@@ -13,6 +13,7 @@ from vllm_dominotree.config import DominoTreeConfig
 from vllm_dominotree.drafter import Drafter, read_spec
 from vllm_dominotree.drafter.checkpoint import load_tensors
 from vllm_dominotree.reference import ReferenceDecoder
+from vllm_dominotree.training.evaluate import chain_runs, draft_accuracy, first_anchor
 from vllm_dominotree.training.trainer import Trainer, load_sequences, make_batch
 
 OPTIONS = dict(
@@ -108,7 +109,8 @@ def test_a_new_run_starts_from_a_released_drafter(attentive_target, tmp_path):
 def anchor_loss(trainer: Trainer, tokens: list[int], p: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One anchor's two loss terms the plain way: the serving block (block_hidden) over
     the context before p, the GRU stepped token by token. Returns per-row CE [K], [K]."""
-    drafter, spec, embed = trainer.drafter, trainer.spec, trainer.embed
+    drafter, spec = trainer.drafter, trainer.spec
+    embed = trainer.target.get_input_embeddings().weight
     ids = torch.tensor(tokens)
     with torch.no_grad():
         hidden = trainer.target(ids[None], output_hidden_states=True).hidden_states
@@ -116,7 +118,7 @@ def anchor_loss(trainer: Trainer, tokens: list[int], p: int) -> tuple[torch.Tens
     context = drafter.backbone.context_kv(features, torch.arange(p))
     rows = drafter.block_hidden(embed[ids[p]], embed[spec.mask_token_id], p, context)
     labels = ids[p + 1 : p + 1 + spec.num_drafts]
-    base = trainer.lm_head(rows)
+    base = trainer.target.get_output_embeddings()(rows)
     state = drafter.head.initial_state(embed[ids[p]][None])
     states = [state]
     for i in range(1, spec.num_drafts):
@@ -172,3 +174,23 @@ def test_drafter_config_takes_the_targets_rope_base(smollm2_dir):
     )
     assert config["rope_theta"] == 100000.0
     assert config["dflash_config"]["target_layer_ids"] == [1, 10, 18, 27]
+
+
+def test_offline_accuracy_is_what_the_chain_rounds_accept(toy_pair):
+    """The evaluator's teacher-forced run of right drafts at an anchor is what a chain
+    round anchored there commits: checked against the reference decoder's rounds."""
+    target, _, noisy, _ = toy_pair
+    prompt = [5, 9, 2, 30]
+    result = ReferenceDecoder(target, noisy, DominoTreeConfig(scorer="chain")).generate(prompt, 80)
+    tokens = prompt + result.tokens
+    runs = chain_runs(target, noisy, tokens, len(prompt))
+    k, p, checked = noisy.spec.num_drafts, len(prompt), []
+    for accepted in result.accept_lengths:
+        if p + k < len(tokens):  # the round's whole block lies inside the tokens
+            checked.append(accepted - 1)
+            assert runs["corrected"][p - first_anchor(len(prompt))] == accepted - 1
+        p += accepted
+    assert len(checked) >= 5 and 0 < sum(checked) < k * len(checked)  # runs of every kind
+    accuracy = draft_accuracy(target, noisy, [(tokens, len(prompt))])
+    assert accuracy.anchors == len(runs["corrected"]) == len(tokens) - k - len(prompt) + 1
+    assert accuracy.chain_accept_corrected == pytest.approx(1 + runs["corrected"].float().mean())
