@@ -33,7 +33,8 @@
 #   train MINUTES     one training chunk of the SmolLM2 drafter, resumed from
 #                     artifacts/smollm2-run (shipped) or /tmp/w/run (earlier chunk on
 #                     this machine), else started from the shipped drafter's weights;
-#                     the run comes back as $OUT/run.tar.* pieces
+#                     the run comes back as $OUT/run.tar.* pieces, its offline
+#                     accuracy beside the shipped drafter's as $OUT/train_eval.json
 #   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
 #                     -> $OUT/harness/
 #   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
@@ -259,6 +260,12 @@ $e::test_paths_attention_refused_without_fa3"
     DTYPE=bfloat16 MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$work" "$1" 2>&1 |
       grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee "$OUT/train.log"
     tar -C "$work" -cf - run | split -b 15m - "$OUT/run.tar."
+    # The learning curve's point: the run's drafter and the shipped one, teacher-forced on
+    # the target's answers to 40 evaluation prompts (training/evaluate.py).
+    python3 -m vllm_dominotree.training.evaluate --target "$work/target" \
+      --drafter vllm_dominotree/drafters/smollm2-135m-instruct-domino "$work/run/drafter" \
+      --data "$work/eval.jsonl" --sets humaneval mtbench math500 aime24 --limit 10 \
+      --max-tokens 256 --json "$OUT/train_eval.json" 2>&1 | quiet | tail -3
     ;;
   harness)
     smollm2_target
