@@ -1,4 +1,4 @@
-"""How well a drafter predicts its target, offline, in seconds rather than an engine run.
+"""How well a drafter predicts its target, offline, in minutes on a CPU rather than engine runs.
 
     python -m vllm_dominotree.training.evaluate --target DIR --drafter DIR \\
         --data FILE.jsonl [--sets humaneval mtbench math500 aime24 --limit 10] [--json OUT]
@@ -18,7 +18,8 @@ commits (as long as the drafts are right, the GRU has seen the true tokens). Rep
 first-draft accuracy and `chain accept length` = 1 + the mean run (bonus included) for
 both. Every position counts once here, where an engine's rounds skip what they accepted,
 so this is above the engine's mean accept length (the shipped SmolLM2 drafter on the
-twelve harness prompts: 1.46 here against 1.34 for the reference decoder's chain); it
+twelve harness prompts, in the one-off run this tool came from: 1.46 here against
+1.34 for the reference decoder's chain rounds); it
 is the learning curve's measure, not a speedup.
 """
 
@@ -34,7 +35,7 @@ from transformers import AutoModelForCausalLM
 
 from ..drafter.model import Drafter
 from ..evaluation.datasets import load_dataset
-from .trainer import Batch, block_logits, load_sequences
+from .trainer import Batch, block_logits, load_sequences, target_features
 
 ANCHORS_PER_PASS = 64  # anchors of one sequence drafted together (bounds the [A, K, V] logits)
 
@@ -61,15 +62,14 @@ def chain_runs(target, drafter: Drafter, tokens: list[int], prompt_len: int):
     device = next(target.parameters()).device
     k = drafter.spec.num_drafts
     runs: dict[str, list[torch.Tensor]] = {"marginal": [], "corrected": []}
+    ids, length = torch.tensor([tokens]), torch.tensor([len(tokens)])
+    # The target's features once per sequence, for every pass over its anchors.
+    layers = drafter.spec.target_layer_ids
+    features = target_features(target, layers, ids.to(device), length.to(device))
     positions = torch.arange(first_anchor(prompt_len), len(tokens) - k)
     for chunk in positions.split(ANCHORS_PER_PASS):
-        batch = Batch(
-            torch.tensor([tokens]),
-            torch.tensor([len(tokens)]),
-            chunk[None],
-            torch.ones(1, len(chunk), dtype=torch.bool),
-        )
-        logits = block_logits(target, drafter, batch, device)
+        batch = Batch(ids, length, chunk[None], torch.ones(1, len(chunk), dtype=torch.bool))
+        logits = block_logits(target, drafter, batch, device, features)
         for name, rows in (("marginal", logits.base), ("corrected", logits.corrected)):
             right = (rows.argmax(-1) == logits.labels)[0]  # [A, K]
             runs[name].append(right.long().cumprod(-1).sum(-1).cpu())

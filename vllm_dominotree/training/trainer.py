@@ -208,16 +208,21 @@ def target_features(target, layer_ids, tokens: torch.Tensor, lengths: torch.Tens
     return torch.cat([hidden.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
-def block_logits(target, drafter: Drafter, batch: Batch, device: torch.device) -> BlockLogits:
+def block_logits(
+    target, drafter: Drafter, batch: Batch, device: torch.device, features=None
+) -> BlockLogits:
     """The objective's forward (module docstring): every anchor's block from the target's
-    features before it, the GRU over the true tokens (teacher forcing)."""
+    features before it, the GRU over the true tokens (teacher forcing). features: the
+    batch's target_features when the caller already has them (several passes over the
+    anchors of one batch of tokens)."""
     tokens, anchors = batch.tokens.to(device), batch.anchors.to(device)
     b, a = anchors.shape
     s, head = drafter.spec, drafter.head
     embed = target.get_input_embeddings().weight
     bs, k = s.block_size, s.num_drafts
     positions = torch.arange(tokens.shape[1], device=device).expand(b, -1)
-    features = target_features(target, s.target_layer_ids, tokens, batch.lengths.to(device))
+    if features is None:
+        features = target_features(target, s.target_layer_ids, tokens, batch.lengths.to(device))
     context = drafter.backbone.context_kv(features, positions)
     slots = torch.arange(bs, device=device)
     embeds = embed[s.mask_token_id].expand(b, a, bs, -1).clone()
