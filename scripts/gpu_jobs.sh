@@ -35,6 +35,10 @@
 #                     this machine), else started from the shipped drafter's weights;
 #                     the run comes back as $OUT/run.tar.* pieces, its offline
 #                     accuracy beside the shipped drafter's as $OUT/train_eval.json
+#   train-arms MINUTES [PROMPTS]  broader data or not: two runs of MINUTES from the shipped
+#                     drafter, on PROMPTS (4000) fresh answers each to template prompts
+#                     only and to mostly self-written ones, then evaluate.py on both
+#                     beside the shipped drafter -> $OUT/train_arms.{json,log}
 #   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
 #                     -> $OUT/harness/
 #   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
@@ -266,6 +270,31 @@ $e::test_paths_attention_refused_without_fa3"
       --drafter vllm_dominotree/drafters/smollm2-135m-instruct-domino "$work/run/drafter" \
       --data "$work/eval.jsonl" --sets humaneval mtbench math500 aime24 --limit 10 \
       --max-tokens 256 --json "$OUT/train_eval.json" 2>&1 | quiet | tail -3
+    ;;
+  train-arms)
+    # Does broader data lift the drafter on the evaluation sets? Two arms of equal
+    # minutes from the shipped drafter, each on its own fresh PROMPTS distilled answers:
+    # template prompts only (SELF_WRITTEN=0) and mostly self-written ones (0.75); then
+    # both beside the shipped drafter through training/evaluate.py, on 25 prompts of
+    # each evaluation set -> $OUT/train_arms.json, $OUT/train_arms.log
+    minutes=$1
+    prompts=${2:-4000}
+    smollm2_target
+    shipped=vllm_dominotree/drafters/smollm2-135m-instruct-domino
+    for self_written in 0.75 0; do
+      arm=/tmp/arm_$self_written
+      mkdir -p "$arm" && ln -sfn "$work/target" "$arm/target"
+      echo "== arm SELF_WRITTEN=$self_written: $prompts prompts, $minutes minutes" |
+        tee -a "$OUT/train_arms.log"
+      SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped DTYPE=bfloat16 \
+        MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$arm" "$minutes" 2>&1 |
+        grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"
+    done
+    python3 -m vllm_dominotree.training.evaluate --target "$work/target" \
+      --drafter "$shipped" /tmp/arm_0.75/run/drafter /tmp/arm_0/run/drafter \
+      --data "$work/eval25.jsonl" --sets humaneval mtbench math500 aime24 --limit 25 \
+      --max-tokens 256 --json "$OUT/train_arms.json" 2>&1 | quiet | tail -4 |
+      tee -a "$OUT/train_arms.log"
     ;;
   harness)
     smollm2_target

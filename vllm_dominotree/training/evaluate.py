@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--dtype", default="float32", help="of the responses' vLLM engine")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if not args.data.exists():
         if not args.sets:
@@ -122,11 +123,13 @@ def main() -> None:
         llm = LLM(model=str(args.target), dtype=args.dtype, seed=0)
         answer(llm, evaluation_prompts(args.sets, args.limit), args.data, args.max_tokens)
         llm.llm_engine.engine_core.shutdown()
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
+    target = target.to(args.device).eval()
     sequences = load_sequences(args.data)
     rows = []
     for drafter_dir in args.drafter:
-        accuracy = draft_accuracy(target, Drafter.load(str(drafter_dir)), sequences)
+        drafter = Drafter.load(str(drafter_dir), device=args.device)
+        accuracy = draft_accuracy(target, drafter, sequences)
         rows.append({"drafter": str(drafter_dir), **asdict(accuracy)})
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
