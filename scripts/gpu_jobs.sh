@@ -286,7 +286,7 @@ $e::test_paths_attention_refused_without_fa3"
       mkdir -p "$arm" && ln -sfn "$work/target" "$arm/target"
       echo "== arm SELF_WRITTEN=$self_written: $prompts prompts, $minutes minutes" |
         tee -a "$OUT/train_arms.log"
-      SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped DTYPE=bfloat16 \
+      SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped EXPORT=$arm/export DTYPE=bfloat16 \
         MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$arm" "$minutes" 2>&1 |
         grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"
     done
@@ -295,6 +295,11 @@ $e::test_paths_attention_refused_without_fa3"
       --data "$work/eval25.jsonl" --sets humaneval mtbench math500 aime24 --limit 25 \
       --max-tokens 256 --json "$OUT/train_arms.json" 2>&1 | quiet | tail -4 |
       tee -a "$OUT/train_arms.log"
+    # The better arm's drafter comes back, as it would ship (bfloat16, <= 16 MiB a file).
+    best=$(python3 -c "import json, sys; rows = json.load(open(sys.argv[1]))['rows'][1:]
+print(max(rows, key=lambda r: r['chain_accept_corrected'])['drafter'])" "$OUT/train_arms.json")
+    cp -r "${best%/run/drafter}/export" "$OUT/drafter"
+    echo "back: $best (as $OUT/drafter)" | tee -a "$OUT/train_arms.log"
     ;;
   harness)
     smollm2_target

@@ -11,6 +11,7 @@
 #    one (copy a chunk's run/ back there after a machine restart). Every file <= 16 MiB.
 #    Without one, INIT_FROM=DRAFTER_DIR starts the run from a released drafter (the
 #    shipped one: vllm_dominotree/drafters/smollm2-135m-instruct-domino) instead of anew.
+#    EXPORT=DIR also writes the drafter there in bfloat16, as it ships.
 set -euo pipefail
 work=$1
 minutes=$2
@@ -22,4 +23,5 @@ python=${PYTHON:-python3}
   --max-tokens 512 \
   --max-num-seqs "${MAX_NUM_SEQS:-256}" --dtype "${DTYPE:-auto}"
 "$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \
-  --out "$work/run" --minutes "$minutes" ${INIT_FROM:+--init-from "$INIT_FROM"}
+  --out "$work/run" --minutes "$minutes" ${INIT_FROM:+--init-from "$INIT_FROM"} \
+  ${EXPORT:+--export "$EXPORT"}
