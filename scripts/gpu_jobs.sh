@@ -276,7 +276,8 @@ $e::test_paths_attention_refused_without_fa3"
     # minutes from the shipped drafter, each on its own fresh PROMPTS distilled answers:
     # template prompts only (SELF_WRITTEN=0) and mostly self-written ones (0.75); then
     # both beside the shipped drafter through training/evaluate.py, on 25 prompts of
-    # each evaluation set -> $OUT/train_arms.json, $OUT/train_arms.log
+    # each evaluation set and on .evaldata/*.jsonl -> $OUT/train_arms.{json,log}, the
+    # better arm's drafter in $OUT/drafter
     minutes=$1
     prompts=${2:-4000}
     smollm2_target
@@ -290,13 +291,25 @@ $e::test_paths_attention_refused_without_fa3"
         MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$arm" "$minutes" 2>&1 |
         grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"
     done
-    python3 -m vllm_dominotree.training.evaluate --target "$work/target" \
-      --drafter "$shipped" /tmp/arm_0.75/run/drafter /tmp/arm_0/run/drafter \
-      --data "$work/eval25.jsonl" --sets humaneval mtbench math500 aime24 --limit 25 \
-      --max-tokens 256 --json "$OUT/train_arms.json" 2>&1 | quiet | tail -4 |
-      tee -a "$OUT/train_arms.log"
-    # The better arm's drafter comes back, as it would ship (bfloat16, <= 16 MiB a file).
-    best=$(python3 -c "import json, sys; rows = json.load(open(sys.argv[1]))['rows'][1:]
+    # Beside the evaluation sets, answers carried in .evaldata/NAME.jsonl (for example
+    # to held-out self-written prompts), each its own figures.
+    rm -f /tmp/eval_*.json
+    data=("sets=$work/eval25.jsonl")
+    for f in .evaldata/*.jsonl; do [ -f "$f" ] && data+=("$(basename "$f" .jsonl)=$f"); done
+    for entry in "${data[@]}"; do
+      echo "== evaluate on ${entry%%=*}" | tee -a "$OUT/train_arms.log"
+      python3 -m vllm_dominotree.training.evaluate --target "$work/target" \
+        --drafter "$shipped" /tmp/arm_0.75/run/drafter /tmp/arm_0/run/drafter \
+        --data "${entry#*=}" --sets humaneval mtbench math500 aime24 --limit 25 \
+        --max-tokens 256 --json "/tmp/eval_${entry%%=*}.json" 2>&1 | quiet | tail -4 |
+        tee -a "$OUT/train_arms.log"
+    done
+    python3 -c "import json, pathlib, sys
+print(json.dumps({p.stem[5:]: json.loads(p.read_text()) for p in map(pathlib.Path, sys.argv[1:])}, indent=1))" \
+      /tmp/eval_*.json > "$OUT/train_arms.json"
+    # The better arm's drafter on the evaluation sets comes back, as it would ship
+    # (bfloat16, <= 16 MiB a file).
+    best=$(python3 -c "import json, sys; rows = json.load(open(sys.argv[1]))['sets']['rows'][1:]
 print(max(rows, key=lambda r: r['chain_accept_corrected'])['drafter'])" "$OUT/train_arms.json")
     cp -r "${best%/run/drafter}/export" "$OUT/drafter"
     echo "back: $best (as $OUT/drafter)" | tee -a "$OUT/train_arms.log"
