@@ -262,7 +262,7 @@ $e::test_paths_attention_refused_without_fa3"
     # No run to resume: train on from the shipped drafter rather than from scratch.
     [ -d "$work/run" ] || export INIT_FROM=vllm_dominotree/drafters/smollm2-135m-instruct-domino
     DTYPE=bfloat16 MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$work" "$1" 2>&1 |
-      grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee "$OUT/train.log"
+      grep --line-buffered -v -i "it/s\]\|it/s, est\|Loading weights\| WARNING " | tee "$OUT/train.log"
     tar -C "$work" -cf - run | split -b 15m - "$OUT/run.tar."
     # The learning curve's point: the run's drafter and the shipped one, teacher-forced on
     # the target's answers to 40 evaluation prompts (training/evaluate.py).
@@ -284,12 +284,16 @@ $e::test_paths_attention_refused_without_fa3"
     shipped=vllm_dominotree/drafters/smollm2-135m-instruct-domino
     for self_written in 0.75 0; do
       arm=/tmp/arm_$self_written
+      # An arm trained on this machine is not trained again: a call cut during the
+      # evaluation runs the job again for it (one call: about 9 minutes at 1 minute
+      # and 3000 prompts an arm on the H200, 2026-12-05).
+      [ ! -d "$arm/export" ] || continue
       mkdir -p "$arm" && ln -sfn "$work/target" "$arm/target"
       echo "== arm SELF_WRITTEN=$self_written: $prompts prompts, $minutes minutes" |
         tee -a "$OUT/train_arms.log"
       SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped EXPORT=$arm/export DTYPE=bfloat16 \
         MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$arm" "$minutes" 2>&1 |
-        grep --line-buffered -v -i "it/s\]\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"
+        grep --line-buffered -v -i "it/s\]\|it/s, est\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"
     done
     # Beside the evaluation sets, answers carried in .evaldata/NAME.jsonl (for example
     # to held-out self-written prompts), each its own figures.

@@ -194,3 +194,9 @@ def test_offline_accuracy_is_what_the_chain_rounds_accept(toy_pair):
     accuracy = draft_accuracy(target, noisy, [(tokens, len(prompt))])
     assert accuracy.anchors == len(runs["corrected"]) == len(tokens) - k - len(prompt) + 1
     assert accuracy.chain_accept_corrected == pytest.approx(1 + runs["corrected"].float().mean())
+    # An answer shorter than a block has no anchor and counts for nothing (on the H200 a
+    # 25-prompt set held one and the evaluator stopped on it).
+    short = prompt + result.tokens[: k - 1]
+    assert len(chain_runs(target, noisy, short, len(prompt))["corrected"]) == 0
+    both = draft_accuracy(target, noisy, [(short, len(prompt)), (tokens, len(prompt))])
+    assert both == accuracy

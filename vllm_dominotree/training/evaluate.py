@@ -66,7 +66,10 @@ def chain_runs(target, drafter: Drafter, tokens: list[int], prompt_len: int):
     # The target's features once per sequence, for every pass over its anchors.
     layers = drafter.spec.target_layer_ids
     features = target_features(target, layers, ids.to(device), length.to(device))
-    positions = torch.arange(first_anchor(prompt_len), len(tokens) - k)
+    first = first_anchor(prompt_len)
+    positions = torch.arange(first, max(first, len(tokens) - k))  # none for short answers
+    if not len(positions):
+        return {name: torch.zeros(0, dtype=torch.long) for name in runs}
     for chunk in positions.split(ANCHORS_PER_PASS):
         batch = Batch(ids, length, chunk[None], torch.ones(1, len(chunk), dtype=torch.bool))
         logits = block_logits(target, drafter, batch, device, features)
