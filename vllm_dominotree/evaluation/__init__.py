@@ -1,2 +1,3 @@
-"""Measuring the plugin: the evaluation prompt sets (datasets.py) and vLLM's OpenAI server
-as a subprocess (server.py), for the benchmark harness and the tests."""
+"""Measuring the plugin: the evaluation prompt sets (datasets.py), vLLM's OpenAI server
+as a subprocess (server.py) and paired bootstrap intervals (bootstrap.py), for the
+benchmark harness, the drafter evaluator and the tests."""

@@ -34,6 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ..drafter.model import Drafter
+from ..evaluation.bootstrap import paired_bootstrap
 from ..evaluation.datasets import load_dataset
 from .trainer import Batch, block_logits, load_sequences, target_features
 
@@ -79,9 +80,11 @@ def chain_runs(target, drafter: Drafter, tokens: list[int], prompt_len: int):
     return {name: torch.cat(parts) for name, parts in runs.items()}
 
 
-def draft_accuracy(target, drafter: Drafter, sequences: list[tuple[list[int], int]]):
-    """Teacher-forced accuracy of `drafter` on the target's responses (module docstring)."""
-    per_sequence = [chain_runs(target, drafter, t, n) for t, n in sequences]
+Runs = dict[str, torch.Tensor]  # one sequence's chain_runs
+
+
+def summarize(per_sequence: list[Runs]) -> DraftAccuracy:
+    """The accuracy figures over the anchors of all sequences."""
     marginal, corrected = (
         torch.cat([runs[name] for runs in per_sequence]).float()
         for name in ("marginal", "corrected")
@@ -95,6 +98,24 @@ def draft_accuracy(target, drafter: Drafter, sequences: list[tuple[list[int], in
         chain_accept_marginal=1 + marginal.mean().item(),
         chain_accept_corrected=1 + corrected.mean().item(),
     )
+
+
+def draft_accuracy(target, drafter: Drafter, sequences: list[tuple[list[int], int]]):
+    """Teacher-forced accuracy of `drafter` on the target's responses (module docstring)."""
+    return summarize([chain_runs(target, drafter, t, n) for t, n in sequences])
+
+
+def over(per_sequence: list[Runs], base: list[Runs]) -> dict:
+    """One drafter's figures over another's on the same responses: ratios with paired
+    bootstrap 95% intervals, resampling responses (an answer's anchors move together)."""
+    first = lambda runs: summarize(runs).first_draft_corrected
+    chain = lambda runs: summarize(runs).chain_accept_corrected
+    return {
+        "first_draft_ratio": first(per_sequence) / first(base),
+        "first_draft_ratio_ci": paired_bootstrap(per_sequence, base, first, samples=1000),
+        "chain_accept_ratio": chain(per_sequence) / chain(base),
+        "chain_accept_ratio_ci": paired_bootstrap(per_sequence, base, chain, samples=1000),
+    }
 
 
 def evaluation_prompts(sets: list[str], limit: int) -> list[str]:
@@ -129,11 +150,15 @@ def main() -> None:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
     target = target.to(args.device).eval()
     sequences = load_sequences(args.data)
-    rows = []
+    rows, first = [], None
     for drafter_dir in args.drafter:
         drafter = Drafter.load(str(drafter_dir), device=args.device)
-        accuracy = draft_accuracy(target, drafter, sequences)
-        rows.append({"drafter": str(drafter_dir), **asdict(accuracy)})
+        per_sequence = [chain_runs(target, drafter, t, n) for t, n in sequences]
+        rows.append({"drafter": str(drafter_dir), **asdict(summarize(per_sequence))})
+        if first is None:
+            first = per_sequence
+        else:  # the corrected figures over the first drafter's
+            rows[-1]["over_first"] = over(per_sequence, first)
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"data": str(args.data), "rows": rows}, indent=1) + "\n")
