@@ -32,12 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import time
 from pathlib import Path
 
 from results_io import markdown_table, write_results  # benchmarks/ is this script's folder
 
+from vllm_dominotree.evaluation.bootstrap import paired_bootstrap
 from vllm_dominotree.evaluation.datasets import chat_token_ids, load_dataset
 from vllm_dominotree.evaluation.server import sse_events
 
@@ -242,21 +242,6 @@ def stage_ms_per_step(records: list[dict]) -> dict[str, float] | None:
     return {stage: 1e3 * sum(r.get(f"{stage}_s", 0.0) for r in records) / steps for stage in stages}
 
 
-def paired_bootstrap(
-    method: list[dict], base: list[dict], stat=throughput, samples: int = 2000, seed: int = 0
-) -> tuple[float, float]:
-    """95% interval of stat(method) / stat(base), resampling prompts (the same picks
-    for both: prompt i of one method pairs with prompt i of the other)."""
-    rng = random.Random(seed)
-    n = len(method)
-    ratios = []
-    for _ in range(samples):
-        picks = [rng.randrange(n) for _ in range(n)]
-        ratios.append(stat([method[i] for i in picks]) / stat([base[i] for i in picks]))
-    ratios.sort()
-    return ratios[int(0.025 * samples)], ratios[int(0.975 * samples) - 1]
-
-
 # The paper's head-to-head (Qwen3-4B): DominoTree over DDTree at budget 16, accept
 # length +15% and throughput +9%.
 PAPER_COMPARISON = ("conditional-16", "marginal")
@@ -302,7 +287,7 @@ def summarize(results: dict[str, dict[str, list[dict]]]) -> list[dict]:
             if base is not None:
                 base_records = pooled(base) if name == "all" else base[name]
                 row["speedup"] = row["tok_s"] / throughput(base_records)
-                row["speedup_ci"] = paired_bootstrap(records, base_records)
+                row["speedup_ci"] = paired_bootstrap(records, base_records, throughput)
             if (stages := stage_ms_per_step(records)) is not None:
                 row["stage_ms_per_step"] = stages
                 row["leaves_per_tree"] = sum(r["tree_leaves"] for r in records) / max(

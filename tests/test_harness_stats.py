@@ -60,7 +60,7 @@ def test_paired_bootstrap_resamples_prompts_in_pairs():
     # Prompt 0 is 3x faster, the rest unchanged: every resample's ratio lies between the
     # per-prompt ratios (1 and 3), and the interval holds the overall one.
     faster = [{**r, "seconds": r["seconds"] / (3.0 if i == 0 else 1.0)} for i, r in enumerate(base)]
-    low, high = harness.paired_bootstrap(faster, base)
+    low, high = harness.paired_bootstrap(faster, base, harness.throughput)
     assert 1.0 <= low < harness.throughput(faster) / harness.throughput(base) < high <= 3.0
 
 
