@@ -55,8 +55,11 @@ def first_anchor(prompt_len: int) -> int:
     return max(prompt_len - 1, 1)
 
 
+Runs = dict[str, torch.Tensor]  # one sequence's chain_runs: {"marginal": [A], "corrected": [A]}
+
+
 @torch.no_grad()
-def chain_runs(target, drafter: Drafter, tokens: list[int], prompt_len: int):
+def chain_runs(target, drafter: Drafter, tokens: list[int], prompt_len: int) -> Runs:
     """Per anchor p = first_anchor(prompt_len) .. len(tokens) - K - 1: how many of the
     block's drafts from the first are the target's tokens, for the marginal and the
     corrected argmax. -> {"marginal": [A], "corrected": [A]}"""
@@ -78,9 +81,6 @@ def chain_runs(target, drafter: Drafter, tokens: list[int], prompt_len: int):
             right = (rows.argmax(-1) == logits.labels)[0]  # [A, K]
             runs[name].append(right.long().cumprod(-1).sum(-1).cpu())
     return {name: torch.cat(parts) for name, parts in runs.items()}
-
-
-Runs = dict[str, torch.Tensor]  # one sequence's chain_runs
 
 
 def summarize(per_sequence: list[Runs]) -> DraftAccuracy:
