@@ -13,7 +13,13 @@ from vllm_dominotree.config import DominoTreeConfig
 from vllm_dominotree.drafter import Drafter, read_spec
 from vllm_dominotree.drafter.checkpoint import load_tensors
 from vllm_dominotree.reference import ReferenceDecoder
-from vllm_dominotree.training.evaluate import chain_runs, draft_accuracy, first_anchor, over
+from vllm_dominotree.training.evaluate import (
+    chain_runs,
+    draft_accuracy,
+    first_anchor,
+    over,
+    sequence_runs,
+)
 from vllm_dominotree.training.trainer import Trainer, load_sequences, make_batch
 
 OPTIONS = dict(
@@ -209,7 +215,7 @@ def test_one_drafter_over_another_pairs_the_responses(toy_pair):
     prompts = [[5, 9, 2, 30], [7, 1, 4], [11, 3, 8, 8, 2]]
     decoder = ReferenceDecoder(target, noisy, DominoTreeConfig(scorer="chain"))
     sequences = [(p + decoder.generate(p, 40).tokens, len(p)) for p in prompts]
-    runs = {d: [chain_runs(target, d, t, n) for t, n in sequences] for d in (exact, noisy)}
+    runs = {d: sequence_runs(target, d, sequences) for d in (exact, noisy)}
     better = over(runs[exact], runs[noisy])
     assert better["chain_accept_ratio"] > 1 and better["chain_accept_ratio_ci"][0] > 1
     assert better["first_draft_ratio"] >= 1

@@ -100,9 +100,14 @@ def summarize(per_sequence: list[Runs]) -> DraftAccuracy:
     )
 
 
+def sequence_runs(target, drafter: Drafter, sequences: list[tuple[list[int], int]]) -> list[Runs]:
+    """chain_runs for each (tokens, prompt_len) of the target's responses."""
+    return [chain_runs(target, drafter, t, n) for t, n in sequences]
+
+
 def draft_accuracy(target, drafter: Drafter, sequences: list[tuple[list[int], int]]):
     """Teacher-forced accuracy of `drafter` on the target's responses (module docstring)."""
-    return summarize([chain_runs(target, drafter, t, n) for t, n in sequences])
+    return summarize(sequence_runs(target, drafter, sequences))
 
 
 def over(per_sequence: list[Runs], base: list[Runs]) -> dict:
@@ -153,7 +158,7 @@ def main() -> None:
     rows, first = [], None
     for drafter_dir in args.drafter:
         drafter = Drafter.load(str(drafter_dir), device=args.device)
-        per_sequence = [chain_runs(target, drafter, t, n) for t, n in sequences]
+        per_sequence = sequence_runs(target, drafter, sequences)
         rows.append({"drafter": str(drafter_dir), **asdict(summarize(per_sequence))})
         if first is None:
             first = per_sequence
