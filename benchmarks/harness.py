@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -59,6 +60,27 @@ METHODS |= {
 }
 
 
+def method_spec(method: str) -> dict | None:
+    """METHODS[method]; a DominoTree method with a `-vS` suffix (`conditional-4-v8192`)
+    drafts from the drafter's draft vocabulary of S tokens (0: the whole vocabulary)."""
+    match = re.fullmatch(r"(.+)-v(\d+)", method)
+    if match and (METHODS.get(match[1]) or {}).get("method") == "dominotree":
+        return {**METHODS[match[1]], "draft_vocab": int(match[2])}
+    return METHODS[method]
+
+
+def known_method(method: str) -> str:
+    """argparse's check of a --methods name."""
+    try:
+        method_spec(method)
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"unknown method {method!r}: one of {sorted(METHODS)}, a DominoTree one "
+            "optionally with -vS (draft vocabulary of S tokens)"
+        ) from None
+    return method
+
+
 def spec_counters(llm) -> tuple[float, float]:
     """(verification rounds with drafts, accepted draft tokens) so far: vLLM's counters."""
     values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
@@ -69,7 +91,7 @@ def spec_counters(llm) -> tuple[float, float]:
 
 
 def speculative_config(method: str, args) -> dict | None:
-    spec = METHODS[method]
+    spec = method_spec(method)
     if spec is not None and spec["method"] == "dominotree":
         spec = {**spec, "model": str(args.drafter)}
         if args.candidates is not None:
@@ -94,7 +116,7 @@ class OfflineRunner:
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
-        spec = METHODS[method]
+        spec = method_spec(method)
         self.profile = args.profile and spec is not None and spec["method"] == "dominotree"
         if self.profile:
             self.llm.collective_rpc("dominotree_profile", args=(True,))
@@ -392,7 +414,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--mode", choices=["offline", "server"], default="offline")
     parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "math500"])
-    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, type=known_method)
     parser.add_argument("--max-new-tokens", type=int, default=2048)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--limit", type=int, help="first N conversations of each dataset")

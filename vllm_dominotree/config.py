@@ -19,6 +19,11 @@ MODEL_RUNNERS = ("v1", "v2")
 # step of SmolLM2-135M on 2 cores, and budgets 2-4 were the only ones near parity
 # (benchmarks/results/smollm2_cpu_budgets.md).
 CPU_BUDGET = 4
+# The draft vocabulary when the user sets none and the drafter ships a token ranking
+# (drafter/draft_vocab.py), per device. CPU: the drafter's logits over SmolLM2's whole
+# vocabulary were about 4 ms of a 66 ms step; PLACEHOLDER. CUDA: the whole vocabulary
+# (not yet measured there).
+CPU_DRAFT_VOCAB = 8192
 
 
 class DominoTreeConfigError(ValueError):
@@ -105,6 +110,10 @@ class DominoTreeConfig:
     # host work per step is a fraction of V1's; trees there run on CPU only so far:
     # docs/v2-runner-port.md).
     model_runner: str = "v1"
+    # The drafter's logits, top-M and correction cover only the `draft_vocab` most
+    # frequent tokens of the drafter's ranking (drafter/draft_vocab.py); 0 = the whole
+    # vocabulary. Lossless either way: a token outside it is never drafted.
+    draft_vocab: int = 0
 
     def __post_init__(self) -> None:
         if self.scorer not in SCORERS:
@@ -120,6 +129,15 @@ class DominoTreeConfig:
                 f"budget {self.budget} is over 64 nodes: every request verifies budget + 1 "
                 "rows per step, and past 64 the extra rows cost more than they can accept; "
                 "pick budget <= 64"
+            )
+        if (
+            not isinstance(self.draft_vocab, int)
+            or isinstance(self.draft_vocab, bool)
+            or self.draft_vocab < 0
+        ):
+            raise DominoTreeConfigError(
+                f"draft_vocab must be 0 (the whole vocabulary) or a positive integer, got "
+                f"{self.draft_vocab!r}"
             )
         if self.model_runner not in MODEL_RUNNERS:
             raise DominoTreeConfigError(

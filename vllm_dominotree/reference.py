@@ -23,6 +23,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .config import DominoTreeConfig
 from .drafter.checkpoint import check_fits_target
+from .drafter.draft_vocab import draft_vocab_ids
 from .drafter.model import Drafter
 from .stage_clock import StageClock
 from .tree.acceptance import SamplingParams, accept, draw_target_tokens, sibling_accepts
@@ -79,6 +80,13 @@ class ReferenceDecoder:
             )
             config.check_drafter(drafter.spec)
             self.shape = config.tree_shape(drafter.spec.num_drafts)
+            # The draft vocabulary: the lm_head's rows of its tokens [S, H] (None: all).
+            vocab_ids, self.draft_head = None, None
+            if config.draft_vocab:
+                vocab_ids = draft_vocab_ids(
+                    drafter.spec.path, config.draft_vocab, cfg.vocab_size
+                ).to(self.device)
+                self.draft_head = self.lm_head.weight[vocab_ids]
             self.scorer = make_scorer(
                 config.scorer,
                 drafter.head,
@@ -87,6 +95,7 @@ class ReferenceDecoder:
                 candidates=config.candidates,
                 prefix_len=drafter.spec.pure_draft_prefix_len,
                 max_requests=1,
+                vocab_ids=vocab_ids,
             )
 
     @property
@@ -150,7 +159,10 @@ class ReferenceDecoder:
             hidden = self.drafter.block_hidden(
                 self.embed[anchor], self.embed[spec.mask_token_id], start, context
             )[: self.shape.max_depth]  # the depths a tree of the budget can reach
-            base_logits = self.lm_head(hidden)
+            if self.draft_head is None:
+                base_logits = self.lm_head(hidden)  # [K, V]
+            else:
+                base_logits = hidden @ self.draft_head.T  # [K, S]
         with clock.stage("build"):
             self.scorer.prepare(hidden[None], base_logits[None])
             tree = build_trees(self.scorer, [anchor], self.shape)[0]

@@ -17,8 +17,9 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from .config import CPU_BUDGET, DominoTreeConfig, DominoTreeConfigError
+from .config import CPU_BUDGET, CPU_DRAFT_VOCAB, DominoTreeConfig, DominoTreeConfigError
 from .drafter.checkpoint import DrafterFormatError, read_spec
+from .drafter.draft_vocab import default_size, draft_vocab_ids, has_ranking
 
 METHOD = "dominotree"
 ADDITIONAL_CONFIG_KEY = "dominotree"
@@ -45,9 +46,16 @@ def translate(
     except DrafterFormatError as err:
         raise DominoTreeConfigError(f"speculative config 'model': {err}") from err
     chosen = {k: v for k, v in options.items() if k not in VLLM_KEYS}
-    if on_cpu:
-        chosen.setdefault("budget", CPU_BUDGET)
-    config = DominoTreeConfig.from_dict(chosen)
+    try:
+        if on_cpu:
+            chosen.setdefault("budget", CPU_BUDGET)
+            if "draft_vocab" not in chosen and has_ranking(drafter):
+                chosen["draft_vocab"] = default_size(drafter, CPU_DRAFT_VOCAB, spec.vocab_size)
+        config = DominoTreeConfig.from_dict(chosen)
+        if config.draft_vocab:
+            draft_vocab_ids(drafter, config.draft_vocab, spec.vocab_size)
+    except DrafterFormatError as err:
+        raise DominoTreeConfigError(f"speculative config 'draft_vocab': {err}") from err
     config.check_drafter(spec)
     if config.model_runner == "v2" and on_cpu:
         from vllm.triton_utils import HAS_TRITON

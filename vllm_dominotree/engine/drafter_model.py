@@ -16,6 +16,7 @@ import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from ..config import node_step
+from ..drafter.draft_vocab import draft_vocab_ids
 from ..drafter.model import DominoHead
 from ..tree.scorers import make_scorer
 
@@ -27,6 +28,9 @@ class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.domino_tensors: dict[str, torch.Tensor] = {}
         self._dtype = vllm_config.model_config.dtype
+        # The lm_head's rows of the draft vocabulary [S, H] (drafter/draft_vocab.py), or
+        # None for logits over the whole vocabulary (vLLM's own compute_logits).
+        self.draft_head: torch.Tensor | None = None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         device = self.lm_head.weight.device
@@ -45,14 +49,38 @@ class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
         embed drafted tokens of any id. Under tensor parallelism vLLM keeps one vocab
         shard per rank, so the shards are gathered once here (a copy of the table per
         rank; the alternative, vLLM's parallel lookup, costs a collective per pop)."""
-        from vllm.distributed import get_tensor_model_parallel_world_size
-        from vllm.distributed.communication_op import tensor_model_parallel_all_gather
+        return _whole_vocab(self.model.embed_tokens.weight, vocab)
 
-        table = self.model.embed_tokens.weight
-        if get_tensor_model_parallel_world_size() == 1:
-            return table
-        # Shards split the padded vocabulary evenly; the real ids come first.
-        return tensor_model_parallel_all_gather(table.contiguous(), dim=0)[:vocab]
+    def use_draft_vocab(self, vocab_ids: torch.Tensor, vocab: int) -> None:
+        """Logits over the draft vocabulary only: the lm_head's rows of vocab_ids [S],
+        copied once (a 16x smaller product per step for S = V / 16)."""
+        head = _whole_vocab(self.lm_head.weight, vocab)
+        self.draft_head = head[vocab_ids.to(head.device)].contiguous()
+
+    def draft_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """The drafter's marginal logits: [N, H] -> [N, V], or [N, S] over the draft
+        vocabulary, with the target's logit soft cap and scale as vLLM applies them."""
+        if self.draft_head is None:
+            return self.compute_logits(rows)
+        logits = torch.nn.functional.linear(rows.to(self.draft_head.dtype), self.draft_head)
+        processor = self.logits_processor
+        if processor.soft_cap is not None:
+            logits = torch.tanh(logits / processor.soft_cap) * processor.soft_cap
+        if processor.scale != 1.0:
+            logits = logits * processor.scale
+        return logits
+
+
+def _whole_vocab(table: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A vocab-parallel table's rows over the whole vocabulary, [V, H]: under tensor
+    parallelism the shards are gathered (they split the padded vocabulary evenly; the
+    real ids come first)."""
+    from vllm.distributed import get_tensor_model_parallel_world_size
+    from vllm.distributed.communication_op import tensor_model_parallel_all_gather
+
+    if get_tensor_model_parallel_world_size() == 1:
+        return table[:vocab]
+    return tensor_model_parallel_all_gather(table.contiguous(), dim=0)[:vocab]
 
 
 def drafter_scorer(
@@ -68,7 +96,12 @@ def drafter_scorer(
     checkpoint's GRU and correction weights (none for a plain DFlash checkpoint), the
     target's embedding over the whole vocabulary; the conditional scorer's Triton step
     with DOMINOTREE_NODE_STEP=triton (CUDA; refused on CPU at engine start), on either
-    runner."""
+    runner. With a draft vocabulary the model's `draft_logits` cover it too."""
+    vocab = vllm_config.model_config.get_vocab_size()
+    vocab_ids = None
+    if options.draft_vocab:
+        vocab_ids = draft_vocab_ids(spec.path, options.draft_vocab, vocab).to(device)
+        model.use_draft_vocab(vocab_ids, vocab)
     head = None
     if spec.is_domino:
         # vLLM may load weights before the model reaches its device.
@@ -76,10 +109,11 @@ def drafter_scorer(
     return make_scorer(
         options.scorer,
         head,
-        model.full_vocab_embedding(vllm_config.model_config.get_vocab_size()),
+        model.full_vocab_embedding(vocab),
         shape=shape,
         candidates=options.candidates,
         prefix_len=spec.pure_draft_prefix_len,
         max_requests=max_requests,
         kernels=options.scorer == "conditional" and node_step() == "triton",
+        vocab_ids=vocab_ids,
     )

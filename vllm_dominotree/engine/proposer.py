@@ -115,7 +115,8 @@ class DominoTreeProposer(DFlashProposer):
             or not prepare_in_build_enabled()
         ):
             return 0
-        vocab = self.vllm_config.model_config.get_vocab_size()
+        head = self.model.draft_head
+        vocab = self.vllm_config.model_config.get_vocab_size() if head is None else len(head)
         per_request = self.shape.max_depth * vocab * self.dtype.itemsize
         r = self.max_batch_size
         sizes = {padded_rows(n, r) for n in range(1, r + 1)}
@@ -127,9 +128,9 @@ class DominoTreeProposer(DFlashProposer):
         self.scorer.prepare(hidden, self._logits(hidden))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The drafter's marginal logits of its rows: [R, K, H] -> [R, K, V]."""
+        """The drafter's marginal logits of its rows: [R, K, H] -> [R, K, V or S]."""
         r, k, _ = hidden.shape
-        return self.model.compute_logits(hidden.reshape(r * k, -1)).view(r, k, -1)
+        return self.model.draft_logits(hidden.reshape(r * k, -1)).view(r, k, -1)
 
     def capture_builder(self) -> None:
         """The builder's CUDA graphs, one per padded batch size (the runner calls this

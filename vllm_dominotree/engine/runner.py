@@ -33,6 +33,7 @@ from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
 from ..stage_clock import StageClock
+from ..tree.scorers import draft_vocab_size
 from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
 from .acceptance import Accepted, draw_targets
@@ -124,6 +125,7 @@ class DominoTreeRunnerMixin:
         install(self._verification)
         paths = self._verification.paths
         self._stats.scorer_step = self.drafter.scorer.step
+        self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
         elif cuda:

@@ -59,6 +59,9 @@ class DominoTreeStats:
     # torch step), "triton" (three launches per pop, not yet the default) or "table"
     # (marginal: per-depth tables).
     scorer_step: str = ""
+    # Tokens the drafter's logits cover (its draft vocabulary, drafter/draft_vocab.py);
+    # 0: the whole vocabulary.
+    draft_vocab: int = 0
     # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
     path_splits: str = ""
     # "fixup": how its rows round (cuda_attention.fixup_rounding): "fa3", "triton", "fast".

@@ -32,6 +32,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 from ..metrics import engine_block
 from ..patches.worker_classes import v2_runner_builds_speculator
 from ..stage_clock import StageClock
+from ..tree.scorers import draft_vocab_size
 from . import tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
 from .acceptance import Accepted, draw_targets
@@ -197,6 +198,7 @@ class DominoTreeV2RunnerMixin:
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
             "scorer_step": self.speculator.scorer.step,
+            "draft_vocab": draft_vocab_size(self.speculator.scorer),
             "stage_seconds": dict(self.stage_clock.seconds),
         }
         if self._trees:

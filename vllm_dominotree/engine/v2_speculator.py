@@ -142,7 +142,7 @@ class DominoTreeSpeculator(DFlashSpeculator):
         )
         rows = hidden[: num_reqs * block].view(num_reqs, block, -1)[:, first : first + depth]
         anchors = self.input_buffers.input_ids[: num_reqs * block : block]  # [R] bonus tokens
-        logits = self.model.compute_logits(rows.reshape(num_reqs * depth, -1))
+        logits = self.model.draft_logits(rows.reshape(num_reqs * depth, -1))
         self.scorer.prepare(rows, logits.view(num_reqs, depth, -1))
         if self.chain:
             drafts, _ = self.scorer.chain(anchors)  # [R, depth]

@@ -19,6 +19,11 @@ MarginalScorer (DDTree): children at depth d are the top-C tokens of
 Both also give the chain (one child per node, one block): the released Domino decoder
 (corrected argmax over the whole vocabulary) or DFlash's marginal argmax, as plain
 unrolled steps.
+
+With a draft vocabulary (`vocab_ids`, [S] token ids; drafter/draft_vocab.py) the
+marginal logits a scorer is prepared with cover those S tokens only ([R, K, S]), and
+"the whole vocabulary" above means those S: a candidate's index is mapped to its token
+id before anything is embedded or returned.
 """
 
 from __future__ import annotations
@@ -70,8 +75,21 @@ def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
 
 class MarginalScorer:
     def __init__(
-        self, max_children: int, *, max_requests: int, num_drafts: int, vocab: int, device
+        self,
+        max_children: int,
+        *,
+        max_requests: int,
+        num_drafts: int,
+        vocab: int,
+        device,
+        vocab_ids: torch.Tensor | None = None,
     ):
+        """vocab: the marginals' width; vocab_ids: [S] the draft vocabulary's token ids
+        (None: the logits' index is the token id)."""
+        if vocab_ids is not None:
+            vocab = vocab_ids.numel()
+            vocab_ids = vocab_ids.to(device)
+        self.vocab_ids = vocab_ids
         self.max_children = min(max_children, vocab)
         self.max_requests = max_requests
         self.step_rows = 1
@@ -86,8 +104,8 @@ class MarginalScorer:
 
     @torch.no_grad()
     def prepare(self, hidden: torch.Tensor, base_logits: torch.Tensor) -> None:
-        """base_logits: [R, K, V] marginal logits of every request's drafts (hidden is
-        not needed: the marginals are path-independent)."""
+        """base_logits: [R, K, V or S] marginal logits of every request's drafts (hidden
+        is not needed: the marginals are path-independent)."""
         n = base_logits.shape[0]
         if n > self.max_requests:
             raise ValueError(f"{n} requests in a step, scorer sized for {self.max_requests}")
@@ -97,7 +115,7 @@ class MarginalScorer:
         values, tokens = base_logits.topk(self.max_children, -1)
         log_z = self._log_normalizer(base_logits)
         self.logprobs[:n] = values.float() - log_z[..., None]  # float32 -> float64 exact
-        self.tokens[:n] = tokens
+        self.tokens[:n] = tokens if self.vocab_ids is None else self.vocab_ids[tokens]
         self._rows, self._host = n, None
 
     def children(self, req, node, parent, token, depth) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,14 +155,21 @@ class ConditionalScorer:
         max_children: int,
         prefix_len: int,
         kernels: bool = False,
+        vocab_ids: torch.Tensor | None = None,
     ):
         """kernels: the per-node step as three Triton launches (kernels/domino_step.py;
-        needs a top-M restriction; tests run them on CPU under Triton's interpreter)."""
+        needs a top-M restriction; tests run them on CPU under Triton's interpreter).
+        vocab_ids: [S] the draft vocabulary's token ids (None: the whole vocabulary)."""
         vocab, emb_dim = head.proj_out.shape
         device, dtype = head.proj_out.device, head.proj_out.dtype
         self.head = head
         self.embed_tokens = embed_tokens  # [V, H] the target's embedding
         self.w_hid, self.w_state = head.split_proj_in()  # [E, H], [E, G]
+        # The correction's output rows over the logits' width: [V or S, E].
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(device)
+        self.vocab_proj = head.proj_out if vocab_ids is None else head.proj_out[self.vocab_ids]
+        if vocab_ids is not None:
+            vocab = vocab_ids.numel()
         self.restricted = candidates < vocab
         self.width = candidates if self.restricted else vocab
         self.max_children = min(max_children, self.width)
@@ -185,17 +210,17 @@ class ConditionalScorer:
 
     @torch.no_grad()
     def prepare(self, hidden: torch.Tensor, base_logits: torch.Tensor) -> None:
-        """hidden: [R, K, H] the drafter's final-normed rows; base_logits: [R, K, V]."""
+        """hidden: [R, K, H] the drafter's final-normed rows; base_logits: [R, K, V or S]."""
         n = hidden.shape[0]
         if n > self.max_requests:
             raise ValueError(f"{n} requests in a step, scorer sized for {self.max_requests}")
         self.step_rows = padded_rows(n, self.max_requests)
         self.hid_part[:n] = hidden.to(self.hid_part.dtype) @ self.w_hid.T
         if self.restricted:
-            values, cand = base_logits.topk(self.width, dim=-1)
+            values, index = base_logits.topk(self.width, dim=-1)
             self.base[:n] = values
-            self.cand[:n] = cand
-            self.proj_rows[:n] = self.head.proj_out[cand]
+            self.cand[:n] = self._token_ids(index)
+            self.proj_rows[:n] = self.head.proj_out[self.cand[:n]]
         else:
             self.base[:n] = base_logits
 
@@ -209,8 +234,13 @@ class ConditionalScorer:
         state = self.head.gru_step(self.embed_tokens[token], self.states[req, parent])
         self.states[req, node] = state
         values, index = self._top_children(state, req, depth, self.max_children)
-        tokens = self.cand[req, depth].gather(1, index) if self.restricted else index
-        return values.double(), tokens
+        if self.restricted:
+            return values.double(), self.cand[req, depth].gather(1, index)
+        return values.double(), self._token_ids(index)
+
+    def _token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Indices into the logits' width -> token ids."""
+        return index if self.vocab_ids is None else self.vocab_ids[index]
 
     def _top_children(self, state, req, depth, count: int):
         """The corrected log-probs of a node's candidates, their top `count`."""
@@ -220,7 +250,7 @@ class ConditionalScorer:
             # the candidates' rows (a bmm would copy them out first). [p, M]
             corr = (self.proj_rows[req, depth].float() * u.float()[:, None, :]).sum(-1)
         else:
-            corr = (u @ self.head.proj_out.T).float()  # [p, V]
+            corr = (u @ self.vocab_proj.T).float()  # [p, V or S]
         corrected = (depth >= self.prefix_len)[:, None]
         logits = self.base[req, depth].float() + corr * corrected  # [p, W]
         if count == 1 and self.width > RANKED_WIDTH:
@@ -263,11 +293,17 @@ class ConditionalScorer:
         for d in range(self.hid_part.shape[1]):
             depth = torch.full_like(req, d)
             value, index = self._top_children(state, req, depth, 1)
-            token = self.cand[req, depth, index[:, 0]] if self.restricted else index[:, 0]
+            index = index[:, 0]
+            token = self.cand[req, depth, index] if self.restricted else self._token_ids(index)
             tokens.append(token)
             logprobs.append(value[:, 0].double())
             state = self.head.gru_step(self.embed_tokens[token], state)
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def draft_vocab_size(scorer: ConditionalScorer | MarginalScorer) -> int:
+    """The tokens a scorer drafts from: its draft vocabulary's size, 0 for all."""
+    return 0 if scorer.vocab_ids is None else scorer.vocab_ids.numel()
 
 
 def make_scorer(
@@ -281,12 +317,13 @@ def make_scorer(
     max_requests: int,
     vocab: int | None = None,
     kernels: bool = False,
+    vocab_ids: torch.Tensor | None = None,
 ) -> ConditionalScorer | MarginalScorer:
     """The scorer for a config's `scorer` kind. The chain is Domino's released decoder
     (corrected argmax over the whole vocabulary) or, for a plain DFlash drafter, the
     marginal argmax; the shape (one child, one block) makes it a path. vocab: the
     marginals' width (default: the embedding's rows); kernels: the conditional scorer's
-    Triton step."""
+    Triton step; vocab_ids: [S] the draft vocabulary (None: the whole vocabulary)."""
     if kind == "marginal" or (kind == "chain" and head is None):
         return MarginalScorer(
             shape.max_children,
@@ -294,6 +331,7 @@ def make_scorer(
             num_drafts=shape.max_depth,
             vocab=vocab or embed_tokens.shape[0],
             device=embed_tokens.device,
+            vocab_ids=vocab_ids,
         )
     if head is None:
         raise ValueError("the conditional scorer needs a Domino head")
@@ -307,4 +345,5 @@ def make_scorer(
         max_children=shape.max_children,
         prefix_len=prefix_len,
         kernels=kernels,
+        vocab_ids=vocab_ids,
     )
