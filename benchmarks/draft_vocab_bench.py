@@ -7,14 +7,16 @@ For the shipped SmolLM2 drafter and its target's lm_head, in bfloat16 with one t
 thread (by default), one request: ms per step of the drafter's logits
 over `budget` depths, the scorer's preparation (top-M, rows of the correction) and the
 host heap's build of a conditional tree, for each draft vocabulary size (0: the whole
-vocabulary). The drafter's rows are random, so only the times mean anything here (the
-harness measures what a vocabulary costs in accepted tokens). Writes
+vocabulary) and each dtype of the scorer's per-node step (the head's bfloat16, and the
+float32 the CPU engine takes). The drafter's rows are random, so only the times mean
+anything here (the harness measures what a vocabulary costs in accepted tokens). Writes
 draft_vocab_bench.json / .md.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -62,7 +64,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(1, shape.max_depth, lm_head.shape[1], generator=gen).to(dtype)
     rows = []
-    for size in args.sizes:
+    for size, step_dtype in itertools.product(args.sizes, (dtype, torch.float32)):
         vocab_ids = draft_vocab_ids(DRAFTER_DIR, size, lm_head.shape[0]) if size else None
         head = lm_head if vocab_ids is None else lm_head[vocab_ids].contiguous()
         scorer = make_scorer(
@@ -74,6 +76,7 @@ def main() -> None:
             prefix_len=drafter.spec.pure_draft_prefix_len,
             max_requests=1,
             vocab_ids=vocab_ids,
+            step_dtype=step_dtype,
         )
         logits = torch.nn.functional.linear(hidden[0], head)[None]
 
@@ -89,12 +92,14 @@ def main() -> None:
                 "prepare": timed(prepare, args.reps),
                 "build": timed(lambda scorer=scorer: build_trees(scorer, [1], shape), args.reps),
             }
-        rows.append({"draft_vocab": size, "rows": head.shape[0], "ms": ms})
-        print(size, ms, flush=True)
-    header = ["draft vocabulary", "logits ms", "prepare ms", "build ms", "sum ms"]
+        step = str(step_dtype).removeprefix("torch.")
+        rows.append({"draft_vocab": size, "rows": head.shape[0], "step_dtype": step, "ms": ms})
+        print(size, step, ms, flush=True)
+    header = ["draft vocabulary", "node step", "logits ms", "prepare ms", "build ms", "sum ms"]
     table = [
         [
             r["draft_vocab"] or f"whole ({r['rows']})",
+            r["step_dtype"],
             *(f"{r['ms'][k]:.2f}" for k in ("logits", "prepare", "build")),
             f"{sum(r['ms'].values()):.2f}",
         ]

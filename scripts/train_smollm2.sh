@@ -11,7 +11,8 @@
 #    one (copy a chunk's run/ back there after a machine restart). Every file <= 16 MiB.
 #    Without one, INIT_FROM=DRAFTER_DIR starts the run from a released drafter (the
 #    shipped one: vllm_dominotree/drafters/smollm2-135m-instruct-domino) instead of anew.
-#    EXPORT=DIR also writes the drafter there in bfloat16, as it ships.
+#    EXPORT=DIR also writes the drafter there in bfloat16, as it ships, with its draft
+#    vocabulary's ranking counted over WORK_DIR/data.jsonl (training/draft_vocab.py).
 set -euo pipefail
 work=$1
 minutes=$2
@@ -25,3 +26,5 @@ python=${PYTHON:-python3}
 "$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \
   --out "$work/run" --minutes "$minutes" ${INIT_FROM:+--init-from "$INIT_FROM"} \
   ${EXPORT:+--export "$EXPORT"}
+[ -z "${EXPORT:-}" ] || "$python" -m vllm_dominotree.training.draft_vocab --data "$work/data.jsonl" \
+  --drafter "$EXPORT" --target "$work/target"

@@ -30,10 +30,11 @@ def test_tokens_rank_by_answer_count_then_id_with_forced_tokens_first():
     sequences = [([7, 7, 1, 3, 3, 5], 2), ([9, 5, 3], 1)]  # prompts [7, 7] and [9]
     counts = token_counts(sequences, vocab_size=10)
     assert counts.tolist() == [0, 1, 0, 3, 0, 2, 0, 0, 0, 0]  # answers only
-    assert rank_tokens(counts).tolist() == [3, 5, 1]
-    assert rank_tokens(counts, always=[8]).tolist() == [8, 3, 5, 1]
+    # Then the unseen, in id order (a byte-pair vocabulary's merge order).
+    assert rank_tokens(counts).tolist() == [3, 5, 1, 0, 2, 4, 6, 7, 8, 9]
+    assert rank_tokens(counts, always=[8]).tolist() == [8, 3, 5, 1, 0, 2, 4, 6, 7, 9]
     # Equal counts keep id order.
-    assert rank_tokens(torch.tensor([2, 0, 2, 1])).tolist() == [0, 2, 3]
+    assert rank_tokens(torch.tensor([2, 0, 2, 1])).tolist() == [0, 2, 3, 1]
     assert coverage(counts, rank_tokens(counts), [1, 2, 9]) == {1: 0.5, 2: 5 / 6, 9: 1.0}
 
 
@@ -187,3 +188,22 @@ def test_the_decoder_drafts_from_the_vocabulary_and_stays_lossless(toy_pair, tmp
             assert got.mean_accept_length > 2
         else:
             assert set(got.accept_lengths) == {1}
+
+
+def test_the_ranking_command_counts_answers_and_ranks_end_of_sequence_first(
+    tmp_path, monkeypatch, capsys
+):
+    from vllm_dominotree.demo.toy_pair import write_pair
+    from vllm_dominotree.training import draft_vocab as command
+
+    target_dir, drafter = write_pair(tmp_path, PairSpec())
+    vocab, eos = command.vocabulary_of(target_dir)
+    assert vocab == PairSpec().vocab and eos
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"tokens": [9, 9, 4, 4, 4, 7], "prompt_len": 2}\n')
+    argv = ["draft_vocab", "--data", str(data), "--drafter", str(drafter)]
+    monkeypatch.setattr("sys.argv", [*argv, "--target", str(target_dir)])
+    command.main()
+    ranking = read_ranking(drafter, vocab).tolist()
+    assert ranking[:3] == [*eos, 4, 7] and sorted(ranking) == list(range(vocab))
+    assert "first 1024: 100.0000% of them" in capsys.readouterr().out

@@ -363,3 +363,40 @@ def test_compiled_device_builder_equals_host_heap(head, kind, monkeypatch):
     with torch._dynamo.config.patch(recompile_limit=64):  # a builder per test: recompiles
         built = device_trees(scorer, shape, anchors, max_requests=4)
     assert as_tuples(built) == as_tuples(host)
+
+
+@pytest.mark.parametrize("kind", ["conditional", "chain"])
+def test_a_float32_step_over_a_bfloat16_head_builds_the_float32_heads_trees(head, kind):
+    """The CPU engine's scorer steps in float32 over a bfloat16 drafter: its trees are
+    those of the head converted to float32 beforehand (every table and the embedding rows
+    it reads come in float32), on both builders."""
+    import copy
+
+    shape = TreeShape(budget=K, max_depth=K, max_children=1)
+    if kind == "conditional":
+        shape = TreeShape(budget=14, max_depth=K, max_children=3)
+    hidden, base, embed, anchors = random_step(head, 3, seed=4)
+    bf16_head = copy.deepcopy(head).to(torch.bfloat16)
+    f32_head = copy.deepcopy(bf16_head).float()
+    hidden, base, embed = hidden.bfloat16(), base.bfloat16(), embed.bfloat16()
+
+    def trees(head, step_dtype):
+        scorer = make_scorer(
+            kind,
+            head,
+            embed,
+            shape=shape,
+            candidates=16,
+            prefix_len=1,
+            max_requests=3,
+            step_dtype=step_dtype,
+        )
+        assert scorer.states.dtype == torch.float32
+        scorer.prepare(hidden, base)
+        host = build_trees(scorer, anchors, shape)
+        assert as_tuples(device_trees(scorer, shape, anchors, chain=kind == "chain")) == as_tuples(
+            host
+        )
+        return as_tuples(host)
+
+    assert trees(bf16_head, torch.float32) == trees(f32_head, None)

@@ -116,4 +116,6 @@ def drafter_scorer(
         max_requests=max_requests,
         kernels=options.scorer == "conditional" and node_step() == "triton",
         vocab_ids=vocab_ids,
+        # CPU: float32 node steps (one-row bfloat16 products are slow there).
+        step_dtype=torch.float32 if device.type == "cpu" else None,
     )

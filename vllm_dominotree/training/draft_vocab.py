@@ -1,14 +1,15 @@
 """Rank the target's tokens by how often its own answers use them, for a draft vocabulary.
 
     python -m vllm_dominotree.training.draft_vocab --data DATA.jsonl --drafter DRAFTER_DIR \
-        --vocab-size V [--always ID ...]
+        --target TARGET_DIR
 
 DATA.jsonl: the distilled answers the drafter trains on (training/distill.py: the target's
 greedy answers to training prompts, none sharing an 8-gram with an evaluation set), so
 no evaluation text decides the vocabulary. Only answer tokens count (the prompt is not
-what the drafter drafts); `--always` ids (the target's end-of-turn tokens) rank first
-whatever their count. Writes DRAFTER_DIR/draft_vocab.safetensors (drafter/draft_vocab.py)
-and prints how much of the answers the first S tokens cover.
+what the drafter drafts); the target's end-of-sequence ids (its config's and generation
+config's `eos_token_id`) rank first whatever their count. Writes
+DRAFTER_DIR/draft_vocab.safetensors (drafter/draft_vocab.py) and prints how much of the
+answers the first S tokens cover.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ def token_counts(sequences: list[tuple[list[int], int]], vocab_size: int) -> tor
 
 
 def rank_tokens(counts: torch.Tensor, always: list[int] = ()) -> torch.Tensor:
-    """The tokens that occur, most frequent first, equal counts in id order; `always`
-    first of all. [V] counts -> [N] int64 ids."""
+    """Every token: `always` first, then those that occur, most frequent first, then those
+    that never do; equal counts in id order. [V] counts -> [V] int64 ids. Ids order the
+    unseen because a byte-pair vocabulary numbers its tokens in merge order, i.e. by
+    frequency in the tokenizer's corpus: on SmolLM2's answers the first 8192 ids alone
+    hold 90% of the tokens that 8192 random ids would hold 17% of (distilled answers,
+    benchmarks/results/draft_vocab_cpu.md)."""
     keys = counts.clone()
     keys[list(always)] = int(counts.max()) + 1
-    order = torch.sort(-keys, stable=True).indices
-    return order[: int((keys > 0).sum())]
+    return torch.sort(-keys, stable=True).indices
 
 
 def coverage(counts: torch.Tensor, ranking: torch.Tensor, sizes: list[int]) -> dict[int, float]:
@@ -46,18 +50,33 @@ def coverage(counts: torch.Tensor, ranking: torch.Tensor, sizes: list[int]) -> d
     return {s: int(ranked[min(s, ranked.numel()) - 1]) / total for s in sizes}
 
 
+def vocabulary_of(target_dir: Path) -> tuple[int, list[int]]:
+    """(vocabulary size, end-of-sequence ids) of a Hugging Face target folder."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(target_dir).get_text_config()
+    eos: set[int] = set()
+    sources = [config.eos_token_id]
+    if (target_dir / "generation_config.json").is_file():
+        sources.append(GenerationConfig.from_pretrained(target_dir).eos_token_id)
+    for ids in sources:
+        eos |= {ids} if isinstance(ids, int) else set(ids or ())
+    return config.vocab_size, sorted(eos)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--drafter", type=Path, required=True)
-    parser.add_argument("--vocab-size", type=int, required=True)
-    parser.add_argument("--always", type=int, nargs="*", default=[])
+    parser.add_argument("--target", type=Path, required=True, help="the target's folder")
     args = parser.parse_args()
-    counts = token_counts(load_sequences(args.data), args.vocab_size)
-    ranking = rank_tokens(counts, args.always)
+    vocab_size, eos_ids = vocabulary_of(args.target)
+    counts = token_counts(load_sequences(args.data), vocab_size)
+    ranking = rank_tokens(counts, eos_ids)
     path = write_ranking(args.drafter, ranking)
     shares = coverage(counts, ranking, [1024, 2048, 4096, 8192, 16384])
-    print(f"{path}: {ranking.numel()} tokens ranked from {int(counts.sum())} answer tokens")
+    seen = int((counts > 0).sum())
+    print(f"{path}: {seen} distinct tokens in {int(counts.sum())} answer tokens, ranked first")
     for size, share in shares.items():
         print(f"  first {size}: {share:.4%} of them")
 

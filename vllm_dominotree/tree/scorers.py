@@ -28,6 +28,8 @@ id before anything is embedded or returned.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -156,12 +158,19 @@ class ConditionalScorer:
         prefix_len: int,
         kernels: bool = False,
         vocab_ids: torch.Tensor | None = None,
+        step_dtype: torch.dtype | None = None,
     ):
         """kernels: the per-node step as three Triton launches (kernels/domino_step.py;
         needs a top-M restriction; tests run them on CPU under Triton's interpreter).
-        vocab_ids: [S] the draft vocabulary's token ids (None: the whole vocabulary)."""
+        vocab_ids: [S] the draft vocabulary's token ids (None: the whole vocabulary).
+        step_dtype: the per-node step's dtype (None: the head's); the CPU engine takes
+        float32, whose one-row products there cost a half to a ninth of bfloat16's
+        (benchmarks/results/draft_vocab_cpu.md)."""
+        if step_dtype is not None and step_dtype != head.proj_out.dtype:
+            head = copy.deepcopy(head).to(step_dtype)
         vocab, emb_dim = head.proj_out.shape
         device, dtype = head.proj_out.device, head.proj_out.dtype
+        self.dtype = dtype
         self.head = head
         self.embed_tokens = embed_tokens  # [V, H] the target's embedding
         self.w_hid, self.w_state = head.split_proj_in()  # [E, H], [E, G]
@@ -231,12 +240,16 @@ class ConditionalScorer:
         return self._children(req, node, parent, token, depth)
 
     def _children_rows(self, req, node, parent, token, depth):
-        state = self.head.gru_step(self.embed_tokens[token], self.states[req, parent])
+        state = self.head.gru_step(self._embed(token), self.states[req, parent])
         self.states[req, node] = state
         values, index = self._top_children(state, req, depth, self.max_children)
         if self.restricted:
             return values.double(), self.cand[req, depth].gather(1, index)
         return values.double(), self._token_ids(index)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The target's embedding rows of tokens [p] -> [p, H] in the step's dtype."""
+        return self.embed_tokens[tokens].to(self.dtype)
 
     def _token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Indices into the logits' width -> token ids."""
@@ -261,7 +274,7 @@ class ConditionalScorer:
             best, index = logits.max(dim=-1, keepdim=True)
             return best - torch.logsumexp(logits, dim=-1, keepdim=True), index
         logprobs = torch.log_softmax(logits, dim=-1)
-        if self.width <= RANKED_WIDTH:
+        if self.width <= RANKED_WIDTH and self.device.type == "cuda":
             return top_by_rank(logprobs, count)
         return logprobs.topk(count, dim=-1)
 
@@ -288,7 +301,7 @@ class ConditionalScorer:
     def _chain_rows(self, anchors):
         p = anchors.shape[0]
         req = torch.arange(p, device=anchors.device)
-        state = self.head.gru_step(self.embed_tokens[anchors], self.states[:p, self.zero_slot])
+        state = self.head.gru_step(self._embed(anchors), self.states[:p, self.zero_slot])
         tokens, logprobs = [], []
         for d in range(self.hid_part.shape[1]):
             depth = torch.full_like(req, d)
@@ -297,7 +310,7 @@ class ConditionalScorer:
             token = self.cand[req, depth, index] if self.restricted else self._token_ids(index)
             tokens.append(token)
             logprobs.append(value[:, 0].double())
-            state = self.head.gru_step(self.embed_tokens[token], state)
+            state = self.head.gru_step(self._embed(token), state)
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
@@ -318,12 +331,14 @@ def make_scorer(
     vocab: int | None = None,
     kernels: bool = False,
     vocab_ids: torch.Tensor | None = None,
+    step_dtype: torch.dtype | None = None,
 ) -> ConditionalScorer | MarginalScorer:
     """The scorer for a config's `scorer` kind. The chain is Domino's released decoder
     (corrected argmax over the whole vocabulary) or, for a plain DFlash drafter, the
     marginal argmax; the shape (one child, one block) makes it a path. vocab: the
     marginals' width (default: the embedding's rows); kernels: the conditional scorer's
-    Triton step; vocab_ids: [S] the draft vocabulary (None: the whole vocabulary)."""
+    Triton step; vocab_ids: [S] the draft vocabulary (None: the whole vocabulary);
+    step_dtype: the conditional scorer's per-node step dtype (None: the head's)."""
     if kind == "marginal" or (kind == "chain" and head is None):
         return MarginalScorer(
             shape.max_children,
@@ -346,4 +361,5 @@ def make_scorer(
         prefix_len=prefix_len,
         kernels=kernels,
         vocab_ids=vocab_ids,
+        step_dtype=step_dtype,
     )
