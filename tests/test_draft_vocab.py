@@ -20,7 +20,12 @@ from vllm_dominotree.drafter.draft_vocab import (
 )
 from vllm_dominotree.reference import ReferenceDecoder
 from vllm_dominotree.speculative import translate
-from vllm_dominotree.training.draft_vocab import coverage, rank_tokens, token_counts
+from vllm_dominotree.training.draft_vocab import (
+    coverage,
+    held_out_coverage,
+    rank_tokens,
+    token_counts,
+)
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 
 V, K = 40, 5
@@ -36,6 +41,9 @@ def test_tokens_rank_by_answer_count_then_id_with_forced_tokens_first():
     # Equal counts keep id order.
     assert rank_tokens(torch.tensor([2, 0, 2, 1])).tolist() == [0, 2, 3, 1]
     assert coverage(counts, rank_tokens(counts), [1, 2, 9]) == {1: 0.5, 2: 5 / 6, 9: 1.0}
+    # Ranked on the first answer ([1, 3, 3, 5]: 3 first), counted on the second ([3]).
+    sequences.append(([0, 4, 4], 1))  # counted against the first answer's ranking
+    assert held_out_coverage(sequences, 10, [], [1, 3]) == {1: 0.5, 3: 0.5}
 
 
 def test_the_ranking_file_is_checked_and_read_in_id_order(tmp_path):
@@ -206,4 +214,5 @@ def test_the_ranking_command_counts_answers_and_ranks_end_of_sequence_first(
     command.main()
     ranking = read_ranking(drafter, vocab).tolist()
     assert ranking[:3] == [*eos, 4, 7] and sorted(ranking) == list(range(vocab))
-    assert "first 1024: 100.0000% of them" in capsys.readouterr().out
+    # One answer: nothing is held out.
+    assert "first 1024: 100.0000% of them, nan% held out" in capsys.readouterr().out

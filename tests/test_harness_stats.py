@@ -78,3 +78,37 @@ def test_the_head_to_head_is_written_beside_the_table(tmp_path):
     saved = json.loads((tmp_path / "harness.json").read_text())
     assert saved["comparison"]["throughput_ratio"] == pytest.approx(1.2)
     assert saved["command"]["target"] == "/t"
+
+
+def test_two_runs_compare_prompt_by_prompt_and_must_measure_the_same_prompts(
+    tmp_path, monkeypatch, capsys
+):
+    import compare_runs
+
+    results = _results()
+    for run, method in (("after", "conditional-16"), ("before", "marginal")):
+        (tmp_path / run).mkdir()
+        records = {method: results[method], "no-spec": results["no-spec"]}
+        (tmp_path / run / "harness.json").write_text(json.dumps({"records": records}))
+    after, before = tmp_path / "after" / "harness.json", tmp_path / "before" / "harness.json"
+    argv = ["compare_runs.py", str(after), "conditional-16", str(before), "marginal"]
+    monkeypatch.setattr("sys.argv", argv)
+    compare_runs.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["over"] == "before:marginal"
+    assert result["throughput_ratio"] == pytest.approx(1.2)
+    assert result["throughput_ci"] == pytest.approx([1.2, 1.2])
+    shorter = {"marginal": {"code": results["marginal"]["code"][:2]}}
+    before.write_text(json.dumps({"records": shorter}))
+    with pytest.raises(SystemExit, match="same sets and prompts"):
+        compare_runs.main()
+
+
+def test_a_method_may_name_a_draft_vocabulary():
+    assert harness.method_spec("conditional-4-v8192") == {
+        **harness.METHODS["conditional-4"],
+        "draft_vocab": 8192,
+    }
+    assert harness.known_method("conditional-16-v0") == "conditional-16-v0"
+    with pytest.raises(harness.argparse.ArgumentTypeError, match="unknown method"):
+        harness.known_method("no-spec-v8192")

@@ -19,7 +19,7 @@ from typing import Any
 
 from .config import CPU_BUDGET, CPU_DRAFT_VOCAB, DominoTreeConfig, DominoTreeConfigError
 from .drafter.checkpoint import DrafterFormatError, read_spec
-from .drafter.draft_vocab import default_size, draft_vocab_ids, has_ranking
+from .drafter.draft_vocab import default_size, draft_vocab_ids
 
 METHOD = "dominotree"
 ADDITIONAL_CONFIG_KEY = "dominotree"
@@ -49,7 +49,7 @@ def translate(
     try:
         if on_cpu:
             chosen.setdefault("budget", CPU_BUDGET)
-            if "draft_vocab" not in chosen and has_ranking(drafter):
+            if "draft_vocab" not in chosen:
                 chosen["draft_vocab"] = default_size(drafter, CPU_DRAFT_VOCAB, spec.vocab_size)
         config = DominoTreeConfig.from_dict(chosen)
         if config.draft_vocab:

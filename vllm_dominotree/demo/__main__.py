@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..config import CPU_BUDGET, DominoTreeConfig
+from ..config import CPU_BUDGET, CPU_DRAFT_VOCAB, DominoTreeConfig
 from ..drafter import Drafter
+from ..drafter.draft_vocab import default_size
 from ..evaluation.datasets import chat_token_ids
 from ..reference import STAGES, ReferenceDecoder
 from ..training.smollm2 import DRAFTER_DIR
@@ -59,6 +60,12 @@ def main() -> None:
         "--budget", type=int, default=CPU_BUDGET, help="tree nodes (default: the CPU's)"
     )
     parser.add_argument("--candidates", type=int, default=64)
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="tokens the drafter drafts from (default: the CPU's for the drafter; 0: all)",
+    )
     parser.add_argument("--no-engine", action="store_true", help="skip the vLLM part")
     parser.add_argument(
         "--workdir",
@@ -76,9 +83,18 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     drafter = Drafter.load(str(drafter_dir))
+    if args.draft_vocab is None:  # as the engine chooses on CPU (speculative.py)
+        vocab = target.config.vocab_size
+        args.draft_vocab = default_size(drafter_dir, CPU_DRAFT_VOCAB, vocab)
+    print(f"draft vocabulary: {args.draft_vocab or 'the whole vocabulary'}")
     decoders = {"ar": ReferenceDecoder(target)}
     for scorer in ("chain", "marginal", "conditional"):
-        config = DominoTreeConfig(budget=args.budget, candidates=args.candidates, scorer=scorer)
+        config = DominoTreeConfig(
+            budget=args.budget,
+            candidates=args.candidates,
+            scorer=scorer,
+            draft_vocab=args.draft_vocab,
+        )
         decoders[scorer] = ReferenceDecoder(target, drafter, config)
 
     header = f"{'mode':<12}{'tau':>6}{'tok/s':>9}" + "".join(f"{s + ' ms':>11}" for s in STAGES)
@@ -113,6 +129,7 @@ def serve_with_vllm(target_dir, drafter_dir, tokenizer, args) -> None:
             "model": str(drafter_dir),
             "budget": args.budget,
             "candidates": args.candidates,
+            "draft_vocab": args.draft_vocab,
         },
     }
     print(f"\nvLLM engine (LLM.generate, {len(prompts)} prompts in one batch)")

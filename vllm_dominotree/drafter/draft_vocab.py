@@ -71,7 +71,10 @@ def write_ranking(drafter_dir: str | Path, ranking: torch.Tensor) -> Path:
 
 def default_size(drafter_dir: str | Path, preferred: int, vocab_size: int) -> int:
     """A device's preferred draft vocabulary for this drafter: `preferred` tokens, or all
-    it ranks if fewer; 0 (the whole vocabulary) where that leaves none out."""
+    it ranks if fewer; 0 (the whole vocabulary) where that leaves none out or the drafter
+    ships no ranking."""
+    if not has_ranking(drafter_dir):
+        return 0
     size = min(preferred, read_ranking(drafter_dir, vocab_size).numel())
     return 0 if size >= vocab_size else size
 

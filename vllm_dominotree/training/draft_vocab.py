@@ -1,7 +1,7 @@
 """Rank the target's tokens by how often its own answers use them, for a draft vocabulary.
 
-    python -m vllm_dominotree.training.draft_vocab --data DATA.jsonl --drafter DRAFTER_DIR \
-        --target TARGET_DIR
+    python -m vllm_dominotree.training.draft_vocab --data DATA.jsonl [MORE.jsonl ...] \
+        --drafter DRAFTER_DIR --target TARGET_DIR
 
 DATA.jsonl: the distilled answers the drafter trains on (training/distill.py: the target's
 greedy answers to training prompts, none sharing an 8-gram with an evaluation set), so
@@ -9,7 +9,8 @@ no evaluation text decides the vocabulary. Only answer tokens count (the prompt 
 what the drafter drafts); the target's end-of-sequence ids (its config's and generation
 config's `eos_token_id`) rank first whatever their count. Writes
 DRAFTER_DIR/draft_vocab.safetensors (drafter/draft_vocab.py) and prints how much of the
-answers the first S tokens cover.
+answers the first S tokens cover: of the answers ranked, and of held-out answers (every
+other answer ranked, the rest counted).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def rank_tokens(counts: torch.Tensor, always: list[int] = ()) -> torch.Tensor:
 
 
 def coverage(counts: torch.Tensor, ranking: torch.Tensor, sizes: list[int]) -> dict[int, float]:
-    """The share of all counted tokens that the first S of the ranking hold, per S."""
-    total = int(counts.sum())
+    """The share of all counted tokens that the first S of the ranking hold, per S (nan
+    when nothing was counted)."""
+    total = int(counts.sum()) or float("nan")
     ranked = counts[ranking].cumsum(0)
     return {s: int(ranked[min(s, ranked.numel()) - 1]) / total for s in sizes}
 
@@ -64,21 +66,32 @@ def vocabulary_of(target_dir: Path) -> tuple[int, list[int]]:
     return config.vocab_size, sorted(eos)
 
 
+def held_out_coverage(
+    sequences: list[tuple[list[int], int]], vocab_size: int, always: list[int], sizes: list[int]
+) -> dict[int, float]:
+    """coverage() of the odd answers by the ranking of the even ones."""
+    ranking = rank_tokens(token_counts(sequences[::2], vocab_size), always)
+    return coverage(token_counts(sequences[1::2], vocab_size), ranking, sizes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--data", type=Path, nargs="+", required=True)
     parser.add_argument("--drafter", type=Path, required=True)
     parser.add_argument("--target", type=Path, required=True, help="the target's folder")
     args = parser.parse_args()
     vocab_size, eos_ids = vocabulary_of(args.target)
-    counts = token_counts(load_sequences(args.data), vocab_size)
+    sequences = [s for path in args.data for s in load_sequences(path)]
+    counts = token_counts(sequences, vocab_size)
     ranking = rank_tokens(counts, eos_ids)
     path = write_ranking(args.drafter, ranking)
-    shares = coverage(counts, ranking, [1024, 2048, 4096, 8192, 16384])
+    sizes = [1024, 2048, 4096, 8192, 16384, 24576]
+    shares = coverage(counts, ranking, sizes)
+    held_out = held_out_coverage(sequences, vocab_size, eos_ids, sizes)
     seen = int((counts > 0).sum())
     print(f"{path}: {seen} distinct tokens in {int(counts.sum())} answer tokens, ranked first")
-    for size, share in shares.items():
-        print(f"  first {size}: {share:.4%} of them")
+    for size in sizes:
+        print(f"  first {size}: {shares[size]:.4%} of them, {held_out[size]:.4%} held out")
 
 
 if __name__ == "__main__":
