@@ -1,11 +1,13 @@
 """The embedded real pair through vLLM: SmolLM2-135M-Instruct with its trained Domino
-drafter, greedy output identical to the target alone (float32, CPU)."""
+drafter, greedy output identical to the target alone (float32, CPU), drafting from the
+drafter's draft vocabulary as the CPU does by default."""
 
 from __future__ import annotations
 
 import pytest
 from transformers import AutoTokenizer
 
+from vllm_dominotree.config import CPU_DRAFT_VOCAB
 from vllm_dominotree.evaluation.datasets import chat_token_ids
 from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
@@ -34,5 +36,7 @@ def test_smollm2_pair_is_lossless_and_accepts_drafts(smollm2_dir):
     shutdown(llm)
     assert got == want
     print("SmolLM2 pair in vLLM:", stats)
+    # The CPU's default: the drafter drafts from its ranking's first CPU_DRAFT_VOCAB tokens.
+    assert stats["draft_vocab"] == CPU_DRAFT_VOCAB
     assert stats["mean_accept_length"] > 1.5
     assert stats["sibling_accepts"] > 0  # the tree, not just its first path, pays off
