@@ -6,11 +6,12 @@ import shutil
 
 import pytest
 import torch
+from tree_helpers import random_domino_checkpoint, random_step
 
 from vllm_dominotree.config import CPU_DRAFT_VOCAB, DominoTreeConfig, DominoTreeConfigError
-from vllm_dominotree.demo.toy_pair import PairSpec, drafter_config, drafter_tensors
+from vllm_dominotree.demo.toy_pair import PairSpec
 from vllm_dominotree.drafter import Drafter
-from vllm_dominotree.drafter.checkpoint import DrafterFormatError, write_checkpoint
+from vllm_dominotree.drafter.checkpoint import DrafterFormatError
 from vllm_dominotree.drafter.draft_vocab import (
     RANKING_TENSOR,
     draft_vocab_ids,
@@ -68,12 +69,7 @@ def test_the_ranking_file_is_checked_and_read_in_id_order(tmp_path):
 @pytest.fixture(scope="module")
 def drafter_dir(tmp_path_factory):
     """A Domino checkpoint with random weights (vocabulary V), no ranking yet."""
-    spec = PairSpec(vocab=V, hidden=16, block_size=K)
-    gen = torch.Generator().manual_seed(7)
-    tensors = {
-        name: 0.5 * torch.randn(t.shape, generator=gen) for name, t in drafter_tensors(spec).items()
-    }
-    return write_checkpoint(tmp_path_factory.mktemp("drafter"), drafter_config(spec), tensors)
+    return random_domino_checkpoint(tmp_path_factory.mktemp("drafter"), V, K)
 
 
 def test_the_option_is_validated_and_defaults_per_device_and_drafter(
@@ -105,15 +101,6 @@ def test_the_option_is_validated_and_defaults_per_device_and_drafter(
         translate({**user, "draft_vocab": V + 1}, on_cpu=False)
 
 
-def random_step(hidden_size: int, requests: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(requests, K, hidden_size, generator=gen)
-    base = 3 * torch.randn(requests, K, V, generator=gen)
-    embed = torch.randn(V, hidden_size, generator=gen)
-    anchors = torch.randint(0, V, (requests,), generator=gen).tolist()
-    return hidden, base, embed, anchors
-
-
 def as_tuples(trees):
     return [(t.tokens, t.parents, t.depths, t.children) for t in trees]
 
@@ -138,7 +125,7 @@ def test_a_draft_vocabulary_drafts_as_the_whole_one_would_without_the_other_toke
     both builders. So the option changes which tokens may be drafted and nothing else."""
     kind, candidates, shape = CASES[case]
     head = Drafter.load(drafter_dir).head
-    hidden, base, embed, anchors = random_step(head.hidden_size, 3, seed)
+    hidden, base, embed, anchors = random_step(head.hidden_size, V, K, 3, seed)
     vocab_ids = torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:24].sort().values
     outside = torch.ones(V, dtype=torch.bool)
     outside[vocab_ids] = False

@@ -6,11 +6,10 @@ import itertools
 
 import pytest
 import torch
-from tree_helpers import node_path
+import tree_helpers
+from tree_helpers import node_path, random_domino_checkpoint
 
-from vllm_dominotree.demo.toy_pair import PairSpec, drafter_config, drafter_tensors
 from vllm_dominotree.drafter import Drafter
-from vllm_dominotree.drafter.checkpoint import write_checkpoint
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 from vllm_dominotree.tree.ancestry import TOKEN
 from vllm_dominotree.tree.scorers import top_by_rank
@@ -21,22 +20,11 @@ V, K = 40, 5
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     """A Domino head with random weights (the toy pair's shapes, vocabulary V)."""
-    spec = PairSpec(vocab=V, hidden=16, block_size=K)
-    gen = torch.Generator().manual_seed(7)
-    tensors = {
-        name: 0.5 * torch.randn(t.shape, generator=gen) for name, t in drafter_tensors(spec).items()
-    }
-    path = write_checkpoint(tmp_path_factory.mktemp("head"), drafter_config(spec), tensors)
-    return Drafter.load(path).head
+    return Drafter.load(random_domino_checkpoint(tmp_path_factory.mktemp("head"), V, K)).head
 
 
 def random_step(head, requests: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(requests, K, head.hidden_size, generator=gen)
-    base = 3 * torch.randn(requests, K, V, generator=gen)
-    embed = torch.randn(V, head.hidden_size, generator=gen)
-    anchors = torch.randint(0, V, (requests,), generator=gen).tolist()
-    return hidden, base, embed, anchors
+    return tree_helpers.random_step(head.hidden_size, V, K, requests, seed)
 
 
 def conditional(head, embed, shape, candidates, requests, prefix_len=1):
