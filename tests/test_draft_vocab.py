@@ -203,3 +203,14 @@ def test_the_ranking_command_counts_answers_and_ranks_end_of_sequence_first(
     assert ranking[:3] == [*eos, 4, 7] and sorted(ranking) == list(range(vocab))
     # One answer: nothing is held out.
     assert "first 1024: 100.0000% of them, nan% held out" in capsys.readouterr().out
+
+
+def test_an_engine_refuses_a_draft_vocabulary_over_a_quantized_lm_head():
+    from types import SimpleNamespace
+
+    from vllm_dominotree.engine.drafter_model import DominoDraftForCausalLM
+
+    packed = SimpleNamespace(lm_head=SimpleNamespace(weight=torch.zeros(8, 4, dtype=torch.int8)))
+    with pytest.raises(DominoTreeConfigError, match="quantized; set draft_vocab 0"):
+        DominoDraftForCausalLM.use_draft_vocab(packed, torch.arange(4), 8)
+    # (A plain lm_head: tests/engine/test_smollm2_engine.py, in a real engine.)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-from ..config import node_step
+from ..config import DominoTreeConfigError, node_step
 from ..drafter.draft_vocab import draft_vocab_ids
 from ..drafter.model import DominoHead
 from ..tree.scorers import make_scorer
@@ -53,8 +53,14 @@ class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
 
     def use_draft_vocab(self, vocab_ids: torch.Tensor, vocab: int) -> None:
         """Logits over the draft vocabulary only: the lm_head's rows of vocab_ids [S],
-        copied once (a 16x smaller product per step for S = V / 16)."""
-        head = _whole_vocab(self.lm_head.weight, vocab)
+        copied once (a 6x smaller product per step for S = V / 6)."""
+        weight = getattr(self.lm_head, "weight", None)
+        if weight is None or not weight.is_floating_point():
+            raise DominoTreeConfigError(
+                "draft_vocab needs the target's lm_head as a plain weight matrix, and this "
+                "target's is quantized; set draft_vocab 0 (the whole vocabulary)"
+            )
+        head = _whole_vocab(weight, vocab)
         self.draft_head = head[vocab_ids.to(head.device)].contiguous()
 
     def draft_logits(self, rows: torch.Tensor) -> torch.Tensor:
