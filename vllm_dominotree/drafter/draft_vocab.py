@@ -44,7 +44,8 @@ def read_ranking(drafter_dir: str | Path, vocab_size: int) -> torch.Tensor:
         raise DrafterFormatError(
             f"{path} is missing: a draft vocabulary needs the drafter's token ranking; write "
             "one with `python -m vllm_dominotree.training.draft_vocab --data DATA.jsonl "
-            f"--drafter {drafter_dir}`, or set draft_vocab 0 (the whole vocabulary)"
+            f"--drafter {drafter_dir} --target TARGET_DIR`, or set draft_vocab 0 (the whole "
+            "vocabulary)"
         )
     with safe_open(path, framework="pt") as f:
         names = f.keys()  # safe_open has no __contains__
