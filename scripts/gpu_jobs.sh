@@ -38,7 +38,10 @@
 #   train-arms MINUTES [PROMPTS]  broader data or not: two runs of MINUTES from the shipped
 #                     drafter, on PROMPTS (4000) fresh answers each to template prompts
 #                     only and to mostly self-written ones, then evaluate.py on both
-#                     beside the shipped drafter -> $OUT/train_arms.{json,log}
+#                     beside the shipped drafter -> $OUT/train_arms.{json,log}; ARMS="0.75"
+#                     runs one arm, SEED=N distills other prompts than seed 0's; the
+#                     answers come back as $OUT/arm_S.jsonl.xz, the evaluation's as
+#                     $OUT/eval_NAME.jsonl.xz
 #   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
 #                     -> $OUT/harness/
 #   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
@@ -282,7 +285,8 @@ $e::test_paths_attention_refused_without_fa3"
     prompts=${2:-4000}
     smollm2_target
     shipped=vllm_dominotree/drafters/smollm2-135m-instruct-domino
-    for self_written in 0.75 0; do
+    arms=(${ARMS:-0.75 0})
+    for self_written in "${arms[@]}"; do
       arm=/tmp/arm_$self_written
       # An arm trained on this machine is not trained again: a call cut during the
       # evaluation runs the job again for it (one call: about 9 minutes at 1 minute
@@ -294,16 +298,19 @@ $e::test_paths_attention_refused_without_fa3"
       SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped EXPORT=$arm/export DTYPE=bfloat16 \
         MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$arm" "$minutes" 2>&1 |
         grep --line-buffered -v -i "it/s\]\|it/s, est\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"
+      xz -T0 -c "$arm/data.jsonl" > "$OUT/arm_$self_written.jsonl.xz"
     done
     # Beside the evaluation sets, answers carried in .evaldata/NAME.jsonl (for example
     # to held-out self-written prompts), each its own figures.
     rm -f /tmp/eval_*.json
+    drafters=("$shipped")
+    for self_written in "${arms[@]}"; do drafters+=("/tmp/arm_$self_written/run/drafter"); done
     data=("sets=$work/eval25.jsonl")
     for f in .evaldata/*.jsonl; do [ -f "$f" ] && data+=("$(basename "$f" .jsonl)=$f"); done
     for entry in "${data[@]}"; do
       echo "== evaluate on ${entry%%=*}" | tee -a "$OUT/train_arms.log"
       python3 -m vllm_dominotree.training.evaluate --target "$work/target" \
-        --drafter "$shipped" /tmp/arm_0.75/run/drafter /tmp/arm_0/run/drafter \
+        --drafter "${drafters[@]}" \
         --data "${entry#*=}" --sets humaneval mtbench math500 aime24 --limit 25 \
         --max-tokens 256 --json "/tmp/eval_${entry%%=*}.json" 2>&1 | quiet | tail -4 |
         tee -a "$OUT/train_arms.log"
@@ -311,6 +318,7 @@ $e::test_paths_attention_refused_without_fa3"
     python3 -c "import json, pathlib, sys
 print(json.dumps({p.stem[5:]: json.loads(p.read_text()) for p in map(pathlib.Path, sys.argv[1:])}, indent=1))" \
       /tmp/eval_*.json > "$OUT/train_arms.json"
+    xz -T0 -c "$work/eval25.jsonl" > "$OUT/eval_sets.jsonl.xz"
     # The better arm's drafter on the evaluation sets comes back, as it would ship
     # (bfloat16, <= 16 MiB a file).
     best=$(python3 -c "import json, sys; rows = json.load(open(sys.argv[1]))['sets']['rows'][1:]

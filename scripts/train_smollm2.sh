@@ -6,7 +6,8 @@
 # 2. WORK_DIR/data.jsonl: self-distilled data, the target's greedy answers through vLLM
 #    to PROMPTS (default 12000) prompts, SELF_WRITTEN (default 0.75) of them written by
 #    the target itself and the rest from templates, none sharing an 8-gram with any
-#    evaluation set, in DTYPE (default auto; bfloat16 on a GPU is faster) (once);
+#    evaluation set, in DTYPE (default auto; bfloat16 on a GPU is faster), SEED (default 0)
+#    choosing the prompts (once);
 # 3. WORK_DIR/run: one training chunk of MINUTES, resumed from WORK_DIR/run if it holds
 #    one (copy a chunk's run/ back there after a machine restart). Every file <= 16 MiB.
 #    Without one, INIT_FROM=DRAFTER_DIR starts the run from a released drafter (the
@@ -21,7 +22,7 @@ python=${PYTHON:-python3}
 "$python" -m vllm_dominotree.training.smollm2 "$work/target" ${gguf:+--gguf "$gguf"}
 [ -f "$work/data.jsonl" ] || "$python" -m vllm_dominotree.training.distill --target "$work/target" \
   --out "$work/data.jsonl" --prompts "${PROMPTS:-12000}" --self-written "${SELF_WRITTEN:-0.75}" \
-  --max-tokens 512 \
+  --max-tokens 512 --seed "${SEED:-0}" \
   --max-num-seqs "${MAX_NUM_SEQS:-256}" --dtype "${DTYPE:-auto}"
 "$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \
   --out "$work/run" --minutes "$minutes" ${INIT_FROM:+--init-from "$INIT_FROM"} \
