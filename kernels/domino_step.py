@@ -5,7 +5,8 @@ request (tree/scorers.py): the GRU's update over the node's token, the correctio
 depth's top-M candidates, their log-softmax and the top C. As torch code that is about
 fifteen small kernels per pop (two cuBLAS products, the gates, gathers and scatters,
 Inductor's reductions), each a few microseconds on the H200 and dependent on the last:
-launches and their gaps, not bytes, bound a pop. Here it is three:
+launches and their gaps, not bytes, bound a pop. Here it is three, and the device
+builder's bookkeeping rides in the last:
 
 - `_gru_step`: both GRU products and the gates for a block of hidden units, every row
   at once (the n gate takes r x (W_hn h), so the two products stay apart inside the
@@ -13,21 +14,31 @@ launches and their gaps, not bytes, bound a pop. Here it is three:
   reductions are split over programs (16 units x 16 rows are only 64 programs for the
   released GRU of 1024), the last of a unit block's splits adding their partial
   products in a fixed order.
-- `_correction_input`: u = silu(W_h h_d + W_s S) for a block of the correction's rank.
-- `_top_children`: per row, the correction on the M candidates, the log-softmax, and
-  the top C (best first, equal values in candidate order, as the torch step's ranks).
+- `_correction_input`: u = silu(W_h h_d + W_s S) for a block of the correction's rank
+  (spread over programs: W_s is 0.5 MB, too much for one program per row to read fast).
+- `_children`: per row, the correction on the M candidates, the log-softmax, the top C
+  (best first, equal values in candidate order, as the torch step's ranks; by rank, in
+  one pass) and, in the device builder, the pop of kernels/tree_pop.py on the row's
+  frontier, which gives the next pop's inputs. (Until 2026-12-05 the pop was a launch of
+  its own and the top C took C rounds of argmax: 2.2 and 8.4 us a pop at batch 1 on the
+  H200, benchmarks/results/h200_2026-12-03e.)
 
 Every product accumulates in float32 (IEEE for float32 drafters, where tensor cores
 would round to TF32). A row's arithmetic does not depend on the other rows, and both
-builders (the device builder and the host heap, tree/builder.py) call this same step
-on the same padded row count, so their trees stay bit-identical.
+builders (the device builder and the host heap, tree/builder.py) call these same
+kernels on the same padded row count, the host heap's without the pop, so their trees
+stay bit-identical.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+from .tree_pop import file_and_pop
 
 ROWS_BLOCK = 16  # rows per program of the two products (tensor-core tiles: >= 16)
 GRU_PROGRAMS = 256  # programs the GRU step aims for (its reduction split to get there)
@@ -173,16 +184,16 @@ def _correction_input(
     tl.store(U + p[:, None] * E + e[None, :], u * tl.sigmoid(u), mask=cell)
 
 
-@triton.jit(do_not_specialize=["prefix_len"])
-def _top_children(
-    Req, Depth, U, ProjRows, Base, Cand, Values, Tokens,
-    prefix_len, rows_req_stride, rows_depth_stride, base_req_stride, base_depth_stride,
-    E: tl.constexpr, M: tl.constexpr, C: tl.constexpr, M_PAD: tl.constexpr,
-    E_STEP: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    req = tl.load(Req + row)
-    depth = tl.load(Depth + row)
+@triton.jit
+def _node_children(row, req, depth, U, ProjRows, Base, Cand, prefix_len, rows_req_stride,
+                   rows_depth_stride, base_req_stride, base_depth_stride,
+                   E: tl.constexpr, M: tl.constexpr, C: tl.constexpr, M_PAD: tl.constexpr,
+                   C_PAD: tl.constexpr, E_STEP: tl.constexpr):  # fmt: skip
+    """One row's children: the correction of its depth's M candidates by u (U [rows, E]
+    float32, from _correction_input), the log-softmax, and the top C by rank (best first,
+    equal values in candidate order: the first index among equal maxima, as argmax and
+    the torch step's ranks give it) -> log-probs [C_PAD] float64 and token ids [C_PAD]
+    (entries past C: 0)."""
     m = tl.arange(0, M_PAD)
     valid = m < M
     proj = ProjRows + req * rows_req_stride + depth * rows_depth_stride + m[:, None] * E
@@ -198,26 +209,69 @@ def _top_children(
     logits = tl.where(valid, logits, float("-inf"))
     shifted = logits - tl.max(logits, axis=0)
     logprobs = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
-    # The top C, best first; equal values in candidate order (argmax's first index).
-    for c in range(C):
-        best = tl.argmax(logprobs, axis=0, tie_break_left=True)
-        value = tl.max(logprobs, axis=0)
-        tl.store(Values + row * C + c, value.to(tl.float64))
-        tl.store(Tokens + row * C + c, tl.load(Cand + table + best))
-        logprobs = tl.where(m == best, float("-inf"), logprobs)
+    # Each candidate's rank: how many come before it (higher, or equal and earlier). The
+    # c-th child is the candidate of rank c: M x M comparisons in registers, where C
+    # rounds of argmax each cost a reduction across the program's warps.
+    mine, theirs = logprobs[:, None], logprobs[None, :]  # [M_PAD (i), M_PAD (j)]
+    before = (theirs > mine) | ((theirs == mine) & (m[None, :] < m[:, None]))
+    rank = tl.sum(before.to(tl.int32), axis=1)  # [M_PAD], a permutation of 0..M_PAD-1
+    c = tl.arange(0, C_PAD)
+    picked = (rank[None, :] == c[:, None]) & (c < C)[:, None]  # [C_PAD, M_PAD]
+    values = tl.sum(tl.where(picked, logprobs[None, :], 0.0), axis=1)
+    index = tl.sum(tl.where(picked, m[None, :], 0), axis=1)
+    tokens = tl.load(Cand + table + index, mask=c < C, other=0)
+    return values.to(tl.float64), tokens
+
+
+@triton.jit(do_not_specialize=["prefix_len", "budget", "max_depth", "state_scratch"])
+def _children(
+    Req, Node, Depth, U, ProjRows, Base, Cand, Values, Tokens,
+    prefix_len, rows_req_stride, rows_depth_stride, base_req_stride, base_depth_stride,
+    Expand, Trees, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq,
+    Count, SpineTip, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
+    width, budget, max_depth, state_scratch,
+    E: tl.constexpr, M: tl.constexpr, C: tl.constexpr, M_PAD: tl.constexpr,
+    C_PAD: tl.constexpr, E_STEP: tl.constexpr, POP: tl.constexpr, WIDTH: tl.constexpr,
+):  # fmt: skip
+    """Program per row: the children of the row's node (u from _correction_input).
+    Without POP they are stored (Values [rows, C] float64, Tokens [rows, C]: the host
+    heap's call); with POP they go straight into the device builder's pop on the row's
+    frontier (kernels/tree_pop.py; Expand, the frontier and Out*), which writes the next
+    pop's step inputs. Both compile the same children code, so both builders see the
+    same children."""
+    row = tl.program_id(0)
+    req = tl.load(Req + row)
+    depth = tl.load(Depth + row)
+    values, tokens = _node_children(
+        row, req, depth, U, ProjRows, Base, Cand, prefix_len, rows_req_stride,
+        rows_depth_stride, base_req_stride, base_depth_stride, E, M, C, M_PAD, C_PAD, E_STEP,
+    )  # fmt: skip
+    c = tl.arange(0, C_PAD)
+    if POP:
+        file_and_pop(
+            row, tl.load(Node + row), tl.load(Expand + row) != 0, values, tokens, c, Trees,
+            Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq, Count,
+            SpineTip, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
+            width, width - 1, C, budget, max_depth, state_scratch, WIDTH,
+        )  # fmt: skip
+    else:
+        tl.store(Values + row * C + c, values, mask=c < C)
+        tl.store(Tokens + row * C + c, tokens, mask=c < C)
 
 
 class DominoStep:
-    """The conditional scorer's per-node step as three launches (CUDA, restricted to the
-    top-M candidates). Buffers and weights are the scorer's own; one call writes the
-    nodes' states and returns the children (log-probs [p, C] float64, tokens [p, C])."""
+    """The conditional scorer's per-node step as three launches (CUDA, restricted to
+    the top-M candidates): `gru`, then `children` (u, then the children, which may end
+    with the device builder's pop). Buffers and weights are the scorer's own; a call of
+    the step itself writes the nodes' states and returns the children (log-probs [p, C]
+    float64, tokens [p, C])."""
 
     def __init__(self, scorer, max_rows: int):
         head = scorer.head
         self.scorer = scorer
         self.w_ih, self.w_hh = head.w_ih.contiguous(), head.w_hh.contiguous()
         self.w_s = scorer.w_state  # [E, G], a view of embed_proj.0 (row stride H + G)
-        self.hidden, self.gru = head.w_ih.shape[1], head.w_hh.shape[1]
+        self.hidden, self.gru_units = head.w_ih.shape[1], head.w_hh.shape[1]
         self.rank = self.w_s.shape[0]
         # float32 drafters multiply in IEEE float32 (tensor cores would round to TF32)
         self.precision = "ieee" if head.w_ih.dtype == torch.float32 else "tf32"
@@ -229,8 +283,8 @@ class DominoStep:
         # unit block), zero between launches.
         row_blocks = triton.cdiv(max_rows, ROWS_BLOCK)
         self.partial_rows = max(MAX_SPLITS, row_blocks) * ROWS_BLOCK
-        self.partials = torch.zeros(6 * self.partial_rows, self.gru, device=device)
-        unit_blocks = triton.cdiv(self.gru, UNITS_BLOCK)
+        self.partials = torch.zeros(6 * self.partial_rows, self.gru_units, device=device)
+        unit_blocks = triton.cdiv(self.gru_units, UNITS_BLOCK)
         self.counters = torch.zeros(row_blocks * unit_blocks, device=device, dtype=torch.int32)
         self.values = torch.zeros(max_rows, c, device=device, dtype=torch.float64)
         self.tokens = torch.zeros(max_rows, c, device=device, dtype=torch.long)
@@ -241,47 +295,68 @@ class DominoStep:
         assert self.w_s.stride(1) == 1 and scorer.embed_tokens.stride(1) == 1
 
     def __call__(self, req, node, parent, token, depth) -> tuple[torch.Tensor, torch.Tensor]:
-        """[p] rows each (the scorer's `children`); the kernels read them contiguous."""
-        req, node, parent, token, depth = (
-            t.contiguous() for t in (req, node, parent, token, depth)
-        )
+        """[p] rows each (the scorer's `children`): the nodes' states, then their children."""
+        req, node, depth = (t.contiguous() for t in (req, node, depth))
+        self.gru(req, node, parent, token)
+        self.children(req, node, depth)
+        p = req.shape[0]
+        return self.values[:p], self.tokens[:p]
+
+    def gru(self, req, node, parent, token) -> None:
+        """States[req, node] = GRU(embed[token], states[req, parent]) for [p] rows."""
+        req, node, parent, token = (t.contiguous() for t in (req, node, parent, token))
         s = self.scorer
         p = req.shape[0]
-        blocks = triton.cdiv(p, ROWS_BLOCK)
         states = s.states
         splits = self.splits(p)
-        _gru_step[(triton.cdiv(self.gru, UNITS_BLOCK), splits, blocks)](
+        _gru_step[(triton.cdiv(self.gru_units, UNITS_BLOCK), splits, triton.cdiv(p, ROWS_BLOCK))](
             token, req, parent, node, s.embed_tokens, states, self.w_ih, self.w_hh,
             self.partials, self.counters,
             p, self.partial_rows // splits, s.embed_tokens.stride(0), states.stride(0),
             states.stride(1),
-            H=self.hidden, G=self.gru, PRECISION=self.precision,
+            H=self.hidden, G=self.gru_units, PRECISION=self.precision,
             ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK, SPLITS=splits,
-            H_SPLIT=_split_width(self.hidden, splits), G_SPLIT=_split_width(self.gru, splits),
+            H_SPLIT=_split_width(self.hidden, splits),
+            G_SPLIT=_split_width(self.gru_units, splits),
         )  # fmt: skip
-        _correction_input[(triton.cdiv(self.rank, UNITS_BLOCK), blocks)](
+
+    def children(self, req, node, depth, pop: PopTables | None = None) -> None:
+        """The children of [p] rows' nodes (contiguous, states updated), two launches:
+        u, then the correction, the top C and, with `pop`, the device builder's pop on
+        its frontier (kernels/tree_pop.py); without it into self.values / self.tokens."""
+        s = self.scorer
+        p = req.shape[0]
+        states, c = s.states, s.max_children
+        _correction_input[(triton.cdiv(self.rank, UNITS_BLOCK), triton.cdiv(p, ROWS_BLOCK))](
             req, node, depth, states, s.hid_part, self.w_s, self.u,
             p, states.stride(0), states.stride(1), s.hid_part.stride(0), s.hid_part.stride(1),
             self.w_s.stride(0),
-            G=self.gru, E=self.rank, PRECISION=self.precision,
+            G=self.gru_units, E=self.rank, PRECISION=self.precision,
             ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK,
         )  # fmt: skip
-        c = s.max_children
-        _top_children[(p,)](
-            req, depth, self.u, s.proj_rows, s.base, s.cand, self.values, self.tokens,
-            s.prefix_len, s.proj_rows.stride(0), s.proj_rows.stride(1),
-            s.base.stride(0), s.base.stride(1),
-            E=self.rank, M=s.width, C=c, M_PAD=triton.next_power_of_2(s.width),
+        # Without the pop its pointers are never read: any tensors stand in.
+        frontier = pop.frontier if pop else (self.values,) * 10
+        seqs = (pop.record_seq, pop.pop_seq) if pop else (self.tokens,) * 2
+        out = pop.out if pop else (self.tokens,) * 5
+        width = frontier[0].shape[1]
+        _children[(p,)](
+            req, node, depth, self.u, s.proj_rows, s.base, s.cand, self.values, self.tokens,
+            s.prefix_len, s.proj_rows.stride(0), s.proj_rows.stride(1), s.base.stride(0),
+            s.base.stride(1),
+            pop.expand if pop else node, *frontier, *seqs, *out,
+            width, pop.budget if pop else 0, pop.max_depth if pop else 0, s.scratch_slot,
+            E=self.rank, M=s.width, C=c,
+            M_PAD=triton.next_power_of_2(s.width), C_PAD=triton.next_power_of_2(c),
             E_STEP=min(E_BLOCK, triton.next_power_of_2(self.rank)),
+            POP=pop is not None, WIDTH=triton.next_power_of_2(width),
         )  # fmt: skip
-        return self.values[:p], self.tokens[:p]
 
     def splits(self, p: int) -> int:
         """Splits of the GRU step's reduction for p rows: enough programs to fill the GPU
         (a power of two, at most MAX_SPLITS, each with a step's width of the input), one
         once the row blocks alone do. A function of p only: fixed in a captured graph,
         and the same for both builders."""
-        programs = triton.cdiv(self.gru, UNITS_BLOCK) * triton.cdiv(p, ROWS_BLOCK)
+        programs = triton.cdiv(self.gru_units, UNITS_BLOCK) * triton.cdiv(p, ROWS_BLOCK)
         wanted = min(
             MAX_SPLITS, triton.cdiv(GRU_PROGRAMS, programs), triton.cdiv(self.hidden, K_BLOCK)
         )
@@ -292,6 +367,23 @@ class DominoStep:
         ):
             splits *= 2
         return splits
+
+
+@dataclass
+class PopTables:
+    """What the children kernel needs to end with the device builder's pop: the [p] rows'
+    frontier (tokens, parents, depths, scores [p, width], child log-probs and tokens
+    [p, width, C], next_rank, push_seq [p, width], count, spine_tip [p]; contiguous),
+    whether each row's node expands, the two pushes' sequence numbers ([] long) and the
+    next step's inputs to write (node, parent, token, depth [p] long, expand [p] bool)."""
+
+    frontier: tuple[torch.Tensor, ...]
+    expand: torch.Tensor
+    record_seq: torch.Tensor
+    pop_seq: torch.Tensor
+    out: tuple[torch.Tensor, ...]
+    budget: int
+    max_depth: int
 
 
 def _split_width(width: int, splits: int) -> int:

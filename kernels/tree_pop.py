@@ -1,5 +1,7 @@
-"""The device builder's pop (tree/device_builder.py) in one launch: one program per
-request files the last new node's children and pops the request's next node.
+"""The device builder's pop (tree/device_builder.py) for one request, as a Triton
+function that the node step's children kernel (kernels/domino_step.py) ends with: it
+files the last new node's children, which that kernel has just computed, and pops the
+request's next node.
 
 The torch version (`DeviceTreeBuilder._advance_rows`, compiled by Inductor) is the
 reference; this is the same arithmetic on the same tables: the float64 offers (a slot's
@@ -11,38 +13,37 @@ pop there, and writes the rows back once (no store is read back within the progr
 
 It also gives the next pop's scorer step its inputs, as the torch version does: the new
 node, or the scorer's scratch state slot where nothing expands, and its depth (0 there).
-With the Triton node step (kernels/domino_step.py) a pop is then four launches.
+With the Triton node step a pop is then three launches: the GRU, u, and the children
+with this pop.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _pop(Tokens, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq,
-         Count, SpineTip, NewNode, NewExpanded, NewLogprobs, NewTokens, stride_new,
-         RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
-         width, slots, children, budget, max_depth, state_scratch,
-         WIDTH: tl.constexpr, CHILDREN: tl.constexpr):  # fmt: skip
-    """Row r's tables: [width] Tokens .. PushSeq (width = slots + 1, the last the scratch
-    slot), [width, children] ChildLogprobs / ChildTokens."""
-    r = tl.program_id(0)
+def file_and_pop(r, new_node, new_expanded, new_logprobs, new_tokens, c,
+                 Tokens, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq,
+                 Count, SpineTip, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth,
+                 OutExpand, width, slots, children, budget, max_depth, state_scratch,
+                 WIDTH: tl.constexpr):  # fmt: skip
+    """Request r: the children of its new node `new_node` (a scalar; `new_expanded`
+    False: it expands nothing, and they go to the scratch slot), `new_logprobs` [CHILDREN]
+    float64 and `new_tokens` [CHILDREN] best first (entries c >= children unused),
+    filed; then one pop. Row r's tables: [width] Tokens .. PushSeq (width = slots + 1,
+    the last the scratch slot), [width, children] ChildLogprobs / ChildTokens; Out*: [p]
+    the next step's inputs."""
     j = tl.arange(0, WIDTH)
     in_row = j < width
     tree = j < slots  # the tree's slots (the scratch slot offers nothing)
-    c = tl.arange(0, CHILDREN)
     in_children = c < children
     base = r.to(tl.int64) * width
     child_base = base * children
 
     # File the new node's children (the scratch slot where it expands nothing).
-    new_node = tl.load(NewNode + r)
-    slot = tl.where(tl.load(NewExpanded + r) != 0, new_node, slots)
-    new_logprobs = tl.load(NewLogprobs + r * stride_new + c, mask=in_children, other=0.0)
-    new_tokens = tl.load(NewTokens + r * stride_new + c, mask=in_children, other=0)
+    slot = tl.where(new_expanded, new_node, slots)
     tl.store(ChildLogprobs + child_base + slot * children + c, new_logprobs, mask=in_children)
     tl.store(ChildTokens + child_base + slot * children + c, new_tokens, mask=in_children)
     spine_tip = tl.load(SpineTip + r)
@@ -110,43 +111,3 @@ def _pop(Tokens, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, 
     tl.store(OutToken + r, token)
     tl.store(OutDepth + r, tl.where(expand, depth, 0))
     tl.store(OutExpand + r, expand)
-
-
-def pop_trees(
-    frontier: tuple[torch.Tensor, ...],  # the builder's [p] rows, in _pop's table order
-    new_node: torch.Tensor,  # [p] long: the node whose children these are
-    new_expanded: torch.Tensor,  # [p] bool: it has them (else: the scratch slot)
-    new_logprobs: torch.Tensor,  # [p, C] float64
-    new_tokens: torch.Tensor,  # [p, C] long
-    record_seq: torch.Tensor,  # [] long: the push of the new node's first child
-    pop_seq: torch.Tensor,  # [] long: the push of the popped node's next sibling
-    out: tuple[torch.Tensor, ...],  # node, parent, token, depth [p] long, expand [p] bool
-    *,
-    budget: int,
-    max_depth: int,
-    state_scratch: int,  # the scorer's state slot for rows that expand nothing
-) -> None:
-    """frontier: tokens, parents, depths, scores [p, width], child log-probs and tokens
-    [p, width, C], next_rank, push_seq [p, width], count, spine_tip [p]."""
-    p, width, children = frontier[4].shape
-    assert all(t.is_contiguous() for t in frontier)
-    assert new_logprobs.stride() == new_tokens.stride() and new_logprobs.stride(1) == 1
-    _pop[(p,)](
-        *frontier,
-        new_node,
-        new_expanded,
-        new_logprobs,
-        new_tokens,
-        new_logprobs.stride(0),
-        record_seq,
-        pop_seq,
-        *out,
-        width,
-        width - 1,
-        children,
-        budget,
-        max_depth,
-        state_scratch,
-        WIDTH=triton.next_power_of_2(width),
-        CHILDREN=triton.next_power_of_2(children),
-    )

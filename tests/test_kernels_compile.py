@@ -18,7 +18,6 @@ from vllm_dominotree.kernels import (
     path_build,
     tree_attention,
     tree_attention_fa3,
-    tree_pop,
 )
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -142,16 +141,6 @@ def test_the_kv_move_compiles():
     assert compiled(kv_move._move_paths, types, constexprs).asm["cubin"]
 
 
-@pytest.mark.parametrize("budget, children", [(16, 16), (64, 4)])
-def test_the_tree_pop_compiles(budget, children):
-    types = {name: "*i64" for name in tree_pop._pop.arg_names if name[0].isupper()}
-    types.update(Scores="*fp64", ChildLogprobs="*fp64", NewLogprobs="*fp64")
-    types.update(NewExpanded="*i1", OutExpand="*i1")
-    width = budget + 2  # the tree's slots and the scratch slot
-    constexprs = dict(WIDTH=triton.next_power_of_2(width), CHILDREN=children)
-    assert compiled(tree_pop._pop, types, constexprs).asm["cubin"]
-
-
 # (hidden, GRU, correction rank): the released Qwen3-4B drafter's, the shipped SmolLM2's
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("hidden, gru, rank", [(2560, 1024, 256), (576, 256, 48)])
@@ -174,9 +163,18 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank):
         domino_step._correction_input, types, dict(G=gru, E=rank, PRECISION=precision, **tiles)
     )
     assert correction.asm["cubin"] and correction.metadata.shared <= H200_SHARED
+    # The children alone (the host heap's call) and ending with the builder's pop, for
+    # budget 16 with 16 children and budget 64 with 4.
     types = dict(rows, U="*fp32", ProjRows=f"*{dtype}", Base=f"*{dtype}", Cand="*i64")
-    types.update(Values="*fp64", Tokens="*i64")
+    types.update(Values="*fp64", Expand="*i1", Trees="*i64", Parents="*i64", Depths="*i64")
+    types.update(Scores="*fp64", ChildLogprobs="*fp64", ChildTokens="*i64", NextRank="*i64")
+    types.update(PushSeq="*i64", Count="*i64", SpineTip="*i64", RecordSeq="*i64")
+    types.update(PopSeq="*i64", OutNode="*i64", OutParent="*i64", OutToken="*i64")
+    types.update(OutDepth="*i64", OutExpand="*i1")
     e_step = min(domino_step.E_BLOCK, triton.next_power_of_2(rank))
-    constexprs = dict(E=rank, M=64, C=16, M_PAD=64, E_STEP=e_step)
-    children = compiled(domino_step._top_children, types, constexprs)
-    assert children.asm["cubin"] and children.metadata.shared <= H200_SHARED
+    for pop, budget, children in ((False, 16, 16), (True, 16, 16), (True, 64, 4)):
+        width = triton.next_power_of_2(budget + 2)  # the tree's slots and the scratch slot
+        constexprs = dict(E=rank, M=64, C=children, M_PAD=64, C_PAD=children, E_STEP=e_step)
+        constexprs.update(POP=pop, WIDTH=width)
+        kernel = compiled(domino_step._children, types, constexprs)
+        assert kernel.asm["cubin"] and kernel.metadata.shared <= H200_SHARED

@@ -81,9 +81,9 @@ NODE_STEPS = ("torch", "triton")
 def node_step() -> str:
     """How the conditional scorer computes a node's children (tree/scorers.py), from the
     environment's DOMINOTREE_NODE_STEP: "torch" (default: the torch step, compiled on
-    CUDA) or "triton" (four Triton launches per pop: the step, kernels/domino_step.py,
-    and the builder's bookkeeping, kernels/tree_pop.py; CUDA, with a top-M
-    restriction). Not the default until it builds faster: its first version built a
+    CUDA) or "triton" (three Triton launches per pop: the GRU, u, then the children with the
+    builder's bookkeeping, kernels/domino_step.py and kernels/tree_pop.py; CUDA, with a
+    top-M restriction). Not the default until it builds faster: its first version built a
     budget-16 tree in 1.65 ms at batch 1 against the torch step's 1.07 (H200,
     benchmarks/results/h200_2026-12-03)."""
     step = os.environ.get("DOMINOTREE_NODE_STEP", "torch")

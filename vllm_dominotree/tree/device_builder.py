@@ -120,10 +120,10 @@ class DeviceTreeBuilder:
         # (tree/scorers.py). Not one function for both: Inductor fused the torch step
         # with the pop's argmin into a reduction that Triton 3.x on the H200 failed to
         # compile (TritonGPURemoveLayoutConversions, 2026-12-03), which CPU tests cannot
-        # see. With the Triton node step the bookkeeping is one Triton launch too
+        # see. With the Triton node step the bookkeeping ends the step's children launch
         # (kernels/tree_pop.py), which also gives the next step its inputs; pop t writes
         # them into buffer t % 2 (a launch never writes what it reads).
-        self._triton_pop = scorer.step == "triton"
+        self._kernel_step = scorer.kernel_step if isinstance(scorer, ConditionalScorer) else None
         self._advance = compiled(self._advance_rows, device)
         self._pop_out = [
             (*(torch.zeros(r, device=device, dtype=torch.long) for _ in range(4)),
@@ -213,17 +213,20 @@ class DeviceTreeBuilder:
         then one pop -> the next node as the next step takes it: its state slot, parent,
         token, depth, whether it expands."""
         p = rows.shape[0]
-        logprobs, tokens = self.scorer.children(rows, node, parent, token, depth)
         # The new node's children's push, then the popped node's next sibling's.
-        filed = (node, expand, logprobs, tokens, self.seqs[2 * t], self.seqs[2 * t + 1])
-        if not self._triton_pop:
+        record_seq, pop_seq = self.seqs[2 * t], self.seqs[2 * t + 1]
+        if self._kernel_step is None:
+            logprobs, tokens = self.scorer.children(rows, node, parent, token, depth)
+            filed = (node, expand, logprobs, tokens, record_seq, pop_seq)
             return self._advance(self._frontier(p), *filed)
-        from ..kernels.tree_pop import pop_trees
+        from ..kernels.domino_step import PopTables
 
         out = tuple(o[:p] for o in self._pop_out[t % 2])
         shape = self.shape
-        pop_trees(self._frontier(p), *filed, out, budget=shape.budget, max_depth=shape.max_depth,
-                  state_scratch=self.scorer.scratch_slot)  # fmt: skip
+        pop = PopTables(self._frontier(p), expand, record_seq, pop_seq, out, shape.budget,
+                        shape.max_depth)  # fmt: skip
+        self._kernel_step.gru(rows, node, parent, token)
+        self._kernel_step.children(rows, node, depth, pop)
         return out
 
     def _frontier(self, p: int) -> tuple[torch.Tensor, ...]:

@@ -210,10 +210,11 @@ class ConditionalScorer:
         if kernels and not self.restricted:
             raise ValueError("the Triton step needs a top-M restriction (candidates < vocab)")
         self.step = "triton" if kernels else "torch"
+        self.kernel_step = None  # the Triton step, whose children launch can also pop
         if kernels:
             from ..kernels.domino_step import DominoStep
 
-            self._children = DominoStep(self, max_requests)
+            self.kernel_step = self._children = DominoStep(self, max_requests)
         else:
             self._children = compiled(self._children_rows, device)
 
