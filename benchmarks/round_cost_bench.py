@@ -15,7 +15,10 @@ through FA3 path requests / the Triton fix-up kernel / path requests for every r
 stock pass / the fix-up's kernel for every row and no stock pass,
 `-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS), `-triton`
 with the conditional scorer's per-node step and the builder's pop as Triton launches
-(DOMINOTREE_NODE_STEP), e.g. `conditional-sync` or `conditional-one-pass-splits1`.
+(DOMINOTREE_NODE_STEP), e.g. `conditional-sync` or `conditional-one-pass-splits1`; and,
+last, `-vocabS` drafting from a draft vocabulary of S tokens (option draft_vocab; the
+first S of a random ranking written beside the random drafter), e.g.
+`conditional-v2-vocab32768`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
@@ -56,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -136,6 +140,12 @@ def counts_per_step(trace: dict, steps: int) -> dict:
 
 def check_variant_ran(method: str, environment: dict[str, str], stats: dict) -> None:
     """A variant that did not take effect in the engine must not pass as measured."""
+    draft_vocab = split_draft_vocab(method)[1]
+    if stats.get("draft_vocab", 0) != draft_vocab:
+        raise RuntimeError(
+            f"{method}: the engine drafted from {stats.get('draft_vocab')} tokens, not "
+            f"the {draft_vocab} asked for"
+        )
     for variable, stat in VARIANT_STATS.items():
         asked = environment.get(variable)
         if asked and stats.get(stat) != asked:
@@ -161,7 +171,13 @@ def tree_fields(method: str, environment: dict[str, str], stats: dict) -> dict:
 
 def split_variants(method: str) -> tuple[str, dict, dict]:
     """'conditional-sync-vllm-draft' -> ('conditional', engine arguments, environment)."""
-    return split_suffixes(method, VARIANTS)
+    return split_suffixes(split_draft_vocab(method)[0], VARIANTS)
+
+
+def split_draft_vocab(method: str) -> tuple[str, int]:
+    """'conditional-v2-vocab32768' -> ('conditional-v2', 32768); 0: the whole vocabulary."""
+    match = re.fullmatch(r"(.+)-vocab(\d+)", method)
+    return (match[1], int(match[2])) if match else (method, 0)
 
 
 # Overall accept lengths of the paper's table (Qwen3-4B, T = 0): the method whose round
@@ -187,6 +203,7 @@ def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
     layers, gru, emb = sizes.pop("draft_layers"), sizes.pop("gru"), sizes.pop("emb")
     dirs = {name: root / name for name in ("target", "domino", "dflash")}
     if all((d / "config.json").is_file() for d in dirs.values()):
+        write_random_ranking(dirs["domino"], sizes["vocab_size"])
         return {k: str(v) for k, v in dirs.items()}
     config = Qwen3Config(
         **sizes,
@@ -222,10 +239,23 @@ def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
             for n, s in shapes.items()
         }
         write_checkpoint(dirs[name], cfg, {n: t.to(torch.bfloat16) for n, t in tensors.items()})
+    write_random_ranking(dirs["domino"], config.vocab_size)
     return {k: str(v) for k, v in dirs.items()}
 
 
-def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
+def write_random_ranking(drafter_dir: Path, vocab: int) -> None:
+    """The random drafter's token ranking for `-vocabS` (a random order: costs do not
+    depend on which tokens a draft vocabulary holds), if it has none yet."""
+    from vllm_dominotree.drafter.draft_vocab import has_ranking, write_ranking
+
+    if not has_ranking(drafter_dir):
+        write_ranking(
+            drafter_dir, torch.randperm(vocab, generator=torch.Generator().manual_seed(0))
+        )
+
+
+def speculative_config(method: str, dirs: dict[str, str], draft_vocab: int = 0) -> dict | None:
+    """The engine's speculative config for a method without its variants' suffixes."""
     if method == "ar":
         return None
     if method in ("dflash", "dflash-v1"):
@@ -236,6 +266,8 @@ def speculative_config(method: str, dirs: dict[str, str]) -> dict | None:
         }
     # Budget 16 on every device (the CPU's default is smaller): the paper's tree.
     config = {"method": "dominotree", "model": dirs["domino"], "budget": 16}
+    if draft_vocab:
+        config["draft_vocab"] = draft_vocab
     if method.endswith(V2):  # vLLM's V2 runner (CUDA: it needs Triton)
         return config | {"scorer": method.removesuffix(V2), "model_runner": "v2"}
     return config | {"scorer": method}
@@ -300,7 +332,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         max_model_len=1024,
         max_num_seqs=max(args.batches),
         disable_log_stats=False,
-        speculative_config=speculative_config(base, dirs),
+        speculative_config=speculative_config(base, dirs, split_draft_vocab(method)[1]),
         enforce_eager=args.enforce_eager,
         # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
         kernel_config={"enable_jit_warmup": False},

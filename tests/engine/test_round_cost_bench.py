@@ -24,15 +24,15 @@ from round_cost_bench import (  # noqa: E402
     trees_cell,
 )
 
-# A variant too: synchronous scheduling (the CPU's anyway), vLLM's drafter pass and the
-# preparation apart from the build.
+# A variant too: synchronous scheduling (the CPU's anyway), vLLM's drafter pass, the
+# preparation apart from the build, and a draft vocabulary of half the tiny vocabulary.
 METHODS = [
     "ar",
     "dflash",
     "chain",
     "marginal",
     "conditional",
-    "conditional-sync-vllm-draft-prepare-apart",
+    "conditional-sync-vllm-draft-prepare-apart-vocab256",
 ]
 BATCHES = [1, 2]
 TOKENS = 12
@@ -142,6 +142,17 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
         with pytest.raises(RuntimeError, match=f"{stat} '{other}'"):
             check_variant_ran(method, environment, ran | {stat: other})
     check_variant_ran("conditional", {}, {"scorer_step": "torch", "tree_attention": "fixup"})
+    # A draft vocabulary is asked for in the speculative config and read in the stats.
+    assert split_variants("conditional-v2-triton-vocab32768") == (
+        "conditional-v2",
+        {},
+        {"DOMINOTREE_NODE_STEP": "triton"},
+    )
+    check_variant_ran("conditional-v2-vocab32768", {}, {"draft_vocab": 32768})
+    with pytest.raises(RuntimeError, match="drafted from 0 tokens, not the 32768"):
+        check_variant_ran("conditional-v2-vocab32768", {}, {"draft_vocab": 0})
+    with pytest.raises(RuntimeError, match="drafted from 8192 tokens, not the 0"):
+        check_variant_ran("conditional", {}, {"draft_vocab": 8192})
 
 
 def test_a_rows_trees_come_from_the_engines_report():

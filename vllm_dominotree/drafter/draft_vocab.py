@@ -9,10 +9,14 @@ the logits, the top-M and the correction then cover S rows instead of V. Output 
 lossless (the target verifies every drafted token); a token outside the draft vocabulary
 is simply never drafted.
 
-A drafter ships its ranking beside its weights, in `draft_vocab.safetensors`: one int64
-tensor `ranking`, token ids most frequent first (ties in id order), counted over the
+A drafter ships its ranking beside its weights, in `draft_vocab/ranking.safetensors`: one
+int64 tensor `ranking`, token ids most frequent first (ties in id order), counted over the
 target's own answers to training prompts (training/draft_vocab.py writes it). The
-`draft_vocab` option takes its first S entries.
+`draft_vocab` option takes its first S entries. The file sits in a folder of its own
+because vLLM loads every `*.safetensors` file at the top of a checkpoint that has no
+weight index as weights, and stops at a tensor it does not know ("no module or parameter
+named 'ranking'": the released single-file drafters, and the benchmarks' random ones,
+on 2026-12-05).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from safetensors.torch import save_file
 
 from .checkpoint import DrafterFormatError
 
-RANKING_FILE = "draft_vocab.safetensors"
+RANKING_FILE = Path("draft_vocab") / "ranking.safetensors"
 RANKING_TENSOR = "ranking"
 
 
@@ -66,6 +70,7 @@ def read_ranking(drafter_dir: str | Path, vocab_size: int) -> torch.Tensor:
 
 def write_ranking(drafter_dir: str | Path, ranking: torch.Tensor) -> Path:
     path = ranking_path(drafter_dir)
+    path.parent.mkdir(exist_ok=True)
     save_file({RANKING_TENSOR: ranking.to(torch.int64).contiguous()}, str(path))
     return path
 

@@ -8,7 +8,7 @@ greedy answers to training prompts, none sharing an 8-gram with an evaluation se
 no evaluation text decides the vocabulary. Only answer tokens count (the prompt is not
 what the drafter drafts); the target's end-of-sequence ids (its config's and generation
 config's `eos_token_id`) rank first whatever their count. Writes
-DRAFTER_DIR/draft_vocab.safetensors (drafter/draft_vocab.py) and prints how much of the
+DRAFTER_DIR/draft_vocab/ranking.safetensors (drafter/draft_vocab.py) and prints how much of the
 answers the first S tokens cover: of the answers ranked, and of held-out answers (every
 other answer ranked, the rest counted).
 """
