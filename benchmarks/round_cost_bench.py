@@ -115,6 +115,7 @@ VARIANTS = {
     "-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}),
     "-one-pass": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass"}),
     "-one-pass-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-fixup"}),
+    "-one-pass-merge": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-merge"}),
     "-triton": ({}, {"DOMINOTREE_NODE_STEP": "triton"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
 }

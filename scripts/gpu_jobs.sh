@@ -110,8 +110,8 @@ case $job in
     export DOMINOTREE_BF16_BASELINES=${DOMINOTREE_BF16_BASELINES:-/tmp/bf16_baselines}
     files=("$@")
     [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_tree_attention_kernel.py
-      tests/gpu/test_tree_paths_fa3.py tests/gpu/test_device_builder.py tests/gpu/test_engine_gpu.py
-      tests/gpu/test_smollm2_gpu.py tests/gpu/test_bf16_divergence.py)
+      tests/gpu/test_tree_paths_fa3.py tests/gpu/test_tree_merge_fa3.py tests/gpu/test_device_builder.py
+      tests/gpu/test_engine_gpu.py tests/gpu/test_smollm2_gpu.py tests/gpu/test_bf16_divergence.py)
     log=$OUT/gpu_tests.log
     own=()
     if [ -n "${GPU_JOBS_PARENT:-}" ]; then  # the parent keeps this job's output
@@ -154,6 +154,8 @@ $s::test_recomputed_rows_are_right_up_to_rounding[float32-fixup]"
         "tests $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-fixup] \
 $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass-fixup]"
         "tests $s::test_one_pass_keeps_a_prefill_of_tree_length_out_of_full_graphs"
+        "tests tests/gpu/test_tree_merge_fa3.py \
+$s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass-merge]"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[conditional] \
 $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
@@ -172,7 +174,8 @@ $e::test_paths_attention_refused_without_fa3"
         jobs=("tests $b -k baselines[toy]" "tests $b -k baselines[smollm2]")
         for pair in toy smollm2; do
           for variant in chain marginal conditional paths-conditional fixup-conditional \
-            one-pass-fixup-conditional triton-conditional v2-chain v2-conditional; do
+            one-pass-fixup-conditional one-pass-merge-conditional triton-conditional v2-chain \
+            v2-conditional v2-one-pass-merge-conditional; do
             jobs+=("bf16-variant $pair-$variant")
           done
         done

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from tree_attention_check import built_path_tables, random_case
 
-from vllm_dominotree.engine.cuda_attention import attend_paths
+from vllm_dominotree.engine.cuda_attention import attend_merged, attend_paths
 from vllm_dominotree.engine.tree_paths import (
     PathTables,
     batch_path_specs,
@@ -35,13 +35,16 @@ def fa3_stand_in(
     block_table,
     fa_version,
     num_splits,
+    return_softmax_lse=False,
 ):
-    """What vLLM's flash_attn_varlen_func computes for a paged causal batch, densely in
-    float32: request r's keys are its first seqused_k[r] positions through its block
-    table (k's pages), its queries q[cu_seqlens_q[r]:cu_seqlens_q[r + 1]], query i
-    aligned to key seqused_k - queries + i. Rows past the last request are left alone."""
-    assert causal
+    """What vLLM's flash_attn_varlen_func computes for a paged batch, densely in float32:
+    request r's keys are its first seqused_k[r] positions through its block table (k's
+    pages), its queries q[cu_seqlens_q[r]:cu_seqlens_q[r + 1]]; causal: query i aligned
+    to key seqused_k - queries + i. Rows past the last request are left alone.
+    return_softmax_lse: also (out, lse [H, total queries], natural log; +inf for a row
+    that saw no key, as FA writes it)."""
     page, group = k.shape[1], q.shape[1] // k.shape[2]
+    lse = torch.full((q.shape[1], q.shape[0]), float("inf"))
     key_slots, value_slots = k.flatten(0, 1), v.flatten(0, 1)  # [slots, KVH, D]
     for r in range(seqused_k.numel()):
         first, end = int(cu_seqlens_q[r]), int(cu_seqlens_q[r + 1])
@@ -53,10 +56,16 @@ def fa3_stand_in(
         keys_r = key_slots[slots].float().repeat_interleave(group, dim=1)  # [keys, H, D]
         values_r = value_slots[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("nhd,khd->nhk", q[first:end].float(), keys_r) * softmax_scale
+        if keys == 0:
+            out[first:end] = 0
+            continue
         last_key = keys - (end - first) + torch.arange(end - first)
-        visible = position[None, :] <= last_key[:, None]
+        visible = position[None, :] <= last_key[:, None] if causal else position[None, :] >= 0
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         out[first:end] = torch.einsum("nhk,khd->nhd", scores.softmax(-1), values_r).to(out.dtype)
+        lse[:, first:end] = scores.logsumexp(-1).T
+    if return_softmax_lse:
+        return out, lse.to(q.device)
 
 
 def publish_case(tables: PathTables, case, each_row: bool = False, every_row: bool = False) -> None:
@@ -97,6 +106,46 @@ def reference(case, every_row: bool = False) -> torch.Tensor:
     needs_fix = torch.ones_like(case[-1]) if every_row else case[-1]
     tree_attention_reference(*case[:-1], needs_fix, case[0].shape[-1] ** -0.5, want)
     return want
+
+
+def merged_inputs(case) -> dict:
+    """attend_merged's arguments for a case (one-pass-merge), every row written into a
+    fresh `rows` of 7.0. Each row's own K/V are its slot's in the cache, as the forward's
+    key and value are."""
+    query, key_cache, value_cache, block_table, query_start, seq_lens, ancestors, _ = case
+    device, page = query.device, key_cache.shape[1]
+    rows = (query_start[1:] - query_start[:-1]).long()
+    offset = torch.cat([torch.arange(int(n)) for n in rows]).to(device)
+    position = torch.cat(
+        [torch.arange(int(s) - int(n), int(s)) for s, n in zip(seq_lens, rows, strict=True)]
+    ).to(device)
+    request = torch.repeat_interleave(torch.arange(rows.numel(), device=device), rows)
+    slots = block_table[request, position // page].long() * page + position % page
+    return dict(
+        query=query,
+        key=key_cache.flatten(0, 1)[slots],
+        value=value_cache.flatten(0, 1)[slots],
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        query_start=query_start,
+        prefix_lens=(seq_lens - rows).int(),
+        max_query_len=int(rows.max()),
+        max_seqlen_k=int(seq_lens.max()),
+        ancestors=ancestors,
+        offset=offset,
+        scale=query.shape[-1] ** -0.5,
+        rows=torch.full_like(query, 7.0),
+    )
+
+
+def merged_case(case, varlen=None) -> torch.Tensor:
+    """Every row of the case through attend_merged: FA3 (varlen, the dense stand-in by
+    default) over each request's prefix, then the tree part and the merge in
+    kernels/tree_merge.py."""
+    inputs = merged_inputs(case)
+    attend_merged(**inputs, varlen=varlen or fa3_stand_in)
+    return inputs["rows"]
 
 
 def assert_same_tables(got: PathTables, want: PathTables) -> None:

@@ -6,10 +6,13 @@ first launch. (Triton here is CI's; the H200's vLLM stage has its own, 3.6 in 20
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource, compile
 
 from vllm_dominotree.kernels import (
@@ -18,6 +21,7 @@ from vllm_dominotree.kernels import (
     path_build,
     tree_attention,
     tree_attention_fa3,
+    tree_merge,
 )
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -178,3 +182,47 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank):
         constexprs.update(POP=pop, WIDTH=width)
         kernel = compiled(domino_step._children, types, constexprs)
         assert kernel.asm["cubin"] and kernel.metadata.shared <= H200_SHARED
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128)])
+def test_the_merged_tree_part_compiles_without_spills(dtype, heads, kv_heads, head_dim, tmp_path):
+    """one-pass-merge's kernel (kernels/tree_merge.py) at Qwen3-4B's and SmolLM2's heads:
+    its [group, key tile, head dim] products stay in registers."""
+    group = heads // kv_heads
+    types = dict(
+        Q=f"*{dtype}",
+        K=f"*{dtype}",
+        V=f"*{dtype}",
+        PrefixOut=f"*{dtype}",
+        PrefixLse="*fp32",
+        Ancestors="*i64",
+        Offset="*i64",
+        Out=f"*{dtype}",
+        scale_log2="fp32",
+    )
+    constexprs = dict(
+        GROUP=group,
+        GROUP_P2=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim,
+        KEY_TILE=tree_merge.KEY_TILE,
+    )
+    kernel = compiled(tree_merge._tree_part_merged, types, constexprs)
+    assert kernel.asm["cubin"]
+    usage = ptxas_usage(kernel.asm["ptx"], tmp_path)
+    assert "0 bytes spill stores, 0 bytes spill loads" in usage, usage
+    print(f"heads {heads}/{kv_heads} x {head_dim}: {usage}")
+
+
+def ptxas_usage(ptx: str, folder) -> str:
+    """What the ptxas of Triton's wheel reports for a kernel (registers, spills)."""
+    ptxas = get_ptxas(H200.arch).path  # the one Triton compiled the cubin with
+    source = folder / "kernel.ptx"
+    source.write_text(ptx)
+    out = subprocess.run(
+        [str(ptxas), "-arch=sm_90a", "-v", str(source), "-o", str(folder / "kernel.cubin")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return " ".join(line.split("info    : ")[-1].strip() for line in out.stderr.splitlines())

@@ -8,7 +8,7 @@ import pytest
 import torch
 from acceptance_cases import random_step, table_of
 
-from vllm_dominotree.engine.tree_step import TreeStepBuffers
+from vllm_dominotree.engine.tree_step import TreeStepBuffers, TreeVerification
 from vllm_dominotree.tree.ancestry import tree_bits
 
 
@@ -33,6 +33,7 @@ def test_every_tree_row_is_described_from_its_tree(seed):
         assert step.parent_row[log].tolist() == [-1, *parents] + [-1] * (t.num_rows - n)
         assert step.token_delta[tok][:n].tolist() == [d - i for i, d in enumerate(tree.depths)]
         assert buffers.token_ancestors[tok][:n].tolist() == ancestors.tolist()
+        assert buffers.token_offset[tok].tolist() == list(range(t.num_rows))
         assert buffers.token_needs_fix[tok].tolist() == needs_fix.long().tolist() + [0] * (
             t.num_rows - n
         )
@@ -64,3 +65,22 @@ def test_the_capacity_wide_gather_is_the_steps_own():
     rest = buffers.view(buffers.capacity, buffers.capacity)
     assert (rest.parent_row[used:] == -1).all() and (rest.ancestors[used:] == 0).all()
     assert (rest.token_delta[used:] == 0).all() and (rest.in_tree[used:] == 0).all()
+    assert (buffers.token_offset[used:] == 0).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_merged_attention_reads_each_roots_position_as_its_prefix(seed):
+    """one-pass-merge: FA3's key count for batch row b is its tree root's position (the
+    keys before the root); rows of the buffer past the step's trees, left from a larger
+    earlier step, go back to 0 (a graph's padding requests read no key)."""
+    buffers = TreeStepBuffers(128, torch.device("cpu"))
+    verification = TreeVerification(buffers, frozenset(), 17)
+    verification.prefix_lens = torch.full((128,), 99, dtype=torch.int32)
+    step, _, _, _, _ = random_step(seed, buffers=buffers)
+    positions = torch.randint(0, 1000, (step.num_tokens,))
+    verification.publish_prefixes(len(step.trees), positions)
+    want = torch.zeros(128, dtype=torch.int32)
+    for t in step.trees:
+        want[t.batch_index] = positions[t.token_row]
+    assert torch.equal(verification.prefix_lens, want)
+    assert step.trees and (want[[t.batch_index for t in step.trees]] > 0).any()

@@ -32,7 +32,14 @@ class DominoTreeConfigError(ValueError):
     pass
 
 
-CUDA_TREE_ATTENTION_MODES = ("auto", "fixup", "paths", "one-pass", "one-pass-fixup")
+CUDA_TREE_ATTENTION_MODES = (
+    "auto",
+    "fixup",
+    "paths",
+    "one-pass",
+    "one-pass-fixup",
+    "one-pass-merge",
+)
 
 
 def attention_mode() -> str:
@@ -43,7 +50,10 @@ def attention_mode() -> str:
     rows it got wrong, engine/tree_paths.py), "fixup" (the stock pass, then the Triton
     tree kernel for those rows: any backend; beside FA3 in FA3's steps,
     kernels/tree_attention_fa3.py), "one-pass-fixup" (as one-pass, every row of an
-    all-tree step by the fix-up's kernel), or "auto" (default): one pass where the
+    all-tree step by the fix-up's kernel), "one-pass-merge" (as one-pass, but an all-tree
+    step runs FA3 once per request over its prefix alone and a Triton kernel for the
+    tree's own rows, merged by log-sum-exp: kernels/tree_merge.py; each prefix read once,
+    where a path request per leaf reads it once a leaf), or "auto" (default): one pass where the
     target runs FA3, else fixup. Path requests round each row as decoding its own path
     would: in bfloat16 the fix-up's own rounding left SmolLM2-135M's greedy output on 64
     of 100 prompts where vLLM's DFlash left it on 1-3 and the path requests on 0-4 (H200,

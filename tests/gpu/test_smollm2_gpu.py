@@ -105,6 +105,13 @@ CHECKS = {
         {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"},
         ("max_relative_error", 2**-5),
     ),
+    # FA3 over each request's prefix, the tree part and the merge (kernels/tree_merge.py).
+    "bfloat16-one-pass-merge": (
+        "bfloat16",
+        "one-pass-merge",
+        {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-merge"},
+        ("max_relative_error", 2**-5),
+    ),
     "bfloat16-one-pass-fixup": (
         "bfloat16",
         "one-pass-fixup",

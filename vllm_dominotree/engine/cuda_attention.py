@@ -11,6 +11,8 @@ cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
   that tree rows round exactly as decoding's rows do (in bf16 the fix-up's own rounding
   flips a small model's near-ties); other steps run as paths, and the runner keeps them
   out of FULL graphs; one-pass-fixup: the same with the fix-up's kernel for every row;
+  one-pass-merge: the same steps with FA3 once per layer over each request's prefix
+  alone and a Triton kernel for the trees' own rows, merged (kernels/tree_merge.py);
 - paths: the stock pass, then FA3 once more over the path requests for the rows it got
   wrong;
 - fixup (the default elsewhere: float32 models, vLLM's Triton backend): the Triton tree
@@ -30,10 +32,12 @@ through a [blocks, slots, kv heads, head dim] view.
 from __future__ import annotations
 
 import torch
+from vllm.utils.torch_utils import canonicalize_singleton_dim_strides
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from ..kernels.tree_attention import TreeAttention
+from ..kernels.tree_merge import merge_tree_part
 from .attention_check import CHECK
 from .backend_support import TREE_LACKS, check_supported
 from .tree_paths import PathTables, slot_view
@@ -69,7 +73,11 @@ class TreeFixupMixin:
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         rows = output.view(output.shape[0], self.num_heads, self.head_size)
         buffers = verification.buffers
-        if verification.paths is not None:
+        if one_pass and verification.merge:
+            self.merge_tree_rows(
+                query, key, value, key_cache, value_cache, verification, attn_metadata, rows
+            )
+        elif verification.paths is not None:
             self.recompute_paths(
                 query, key_cache, value_cache, verification, attn_metadata, rows, one_pass
             )
@@ -215,7 +223,80 @@ def attend_paths(
     torch.where(owned, path_out[to_query], rows, out=rows)
 
 
+def attend_merged(
+    query: torch.Tensor,  # [T, H, D]
+    key: torch.Tensor,  # [T, KVH, D]: this forward's keys, as written to the cache
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [blocks, page, KVH, D]
+    value_cache: torch.Tensor,
+    *,
+    block_table: torch.Tensor,  # [B, pages]
+    query_start: torch.Tensor,  # [B + 1]
+    prefix_lens: torch.Tensor,  # [B] int32: each request's keys before its root
+    max_query_len: int,
+    max_seqlen_k: int,
+    ancestors: torch.Tensor,  # [>= T] per row (engine/tree_step.py)
+    offset: torch.Tensor,  # [>= T] per row: its offset from its tree's root
+    scale: float,
+    rows: torch.Tensor,  # [T, H, D]: every row written
+    fa_version: int = 3,
+    num_splits: int = 0,
+    varlen=None,
+) -> None:
+    """Every row of an all-tree step (one-pass-merge): FA3 over each request's prefix
+    alone, every row of the request a query of it (non-causal: the prefix is read once
+    per request), then each row's own tree rows and the merge by log-sum-exp
+    (kernels/tree_merge.py). varlen: vLLM's flash_attn_varlen_func (default), or a
+    stand-in with its arguments (the CPU tests')."""
+    if varlen is None:
+        from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func as varlen
+
+    prefix_out = torch.empty_like(query)
+    _, prefix_lse = varlen(
+        q=query,
+        k=key_cache,
+        v=value_cache,
+        out=prefix_out,
+        cu_seqlens_q=query_start,
+        max_seqlen_q=max_query_len,
+        seqused_k=prefix_lens,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=scale,
+        causal=False,
+        block_table=block_table,
+        return_softmax_lse=True,
+        fa_version=fa_version,
+        num_splits=num_splits,
+    )
+    merge_tree_part(query, key, value, prefix_out, prefix_lse, ancestors, offset, scale, rows)
+
+
 class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
+    def merge_tree_rows(
+        self, query, key, value, key_cache, value_cache, verification, attn_metadata, rows
+    ):
+        """Every row of an all-tree step as FA3 over the prefixes plus the trees' own
+        part (attend_merged), FA3 called with the stock pass's split bound."""
+        num_tokens = query.shape[0]
+        attend_merged(
+            query,
+            key[:num_tokens],
+            value[:num_tokens],
+            canonicalize_singleton_dim_strides(key_cache),
+            canonicalize_singleton_dim_strides(value_cache),
+            block_table=attn_metadata.block_table,
+            query_start=attn_metadata.query_start_loc,
+            prefix_lens=verification.prefix_lens[: attn_metadata.seq_lens.shape[0]],
+            max_query_len=verification.rows_per_tree,
+            max_seqlen_k=attn_metadata.max_seq_len,
+            ancestors=verification.buffers.token_ancestors,
+            offset=verification.buffers.token_offset,
+            scale=self.scale,
+            rows=rows,
+            fa_version=self.vllm_flash_attn_version,
+            num_splits=attn_metadata.max_num_splits,
+        )
+
     def recompute_paths(
         self, query, key_cache, value_cache, verification, attn_metadata, rows, every_row
     ):

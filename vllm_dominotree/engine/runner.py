@@ -164,10 +164,11 @@ class DominoTreeRunnerMixin:
         every_row = verification.one_pass and self._all_trees(step)
         verification.every_row = every_row
         self._stats.one_pass_steps += every_row
-        tables = verification.paths
-        if tables is None:
-            return
         trees = step.trees if step is not None else []
+        if every_row and verification.merge:
+            verification.publish_prefixes(len(trees), self.positions)
+        if not verification.builds_paths(every_row):
+            return
         self._build_paths(
             len(trees),
             # Each owns a drafted row; one pass: a tree of the root alone has one too.

@@ -22,10 +22,11 @@ NO_ONE_PASS_MODES = ("auto", "fixup", "paths")
 
 
 def cuda_tree_attention(fa3: bool, kv_update_in_forward: bool, no_one_pass: str | None) -> str:
-    """The mode a CUDA runner verifies trees with: "one-pass", "one-pass-fixup", "paths"
-    or "fixup" (config.attention_mode). "auto": one pass where the target runs FA3 and
-    its attention does not also write the KV cache (one pass skips that call), paths
-    where it does or where the engine cannot take one pass, else fixup. no_one_pass: why
+    """The mode a CUDA runner verifies trees with: "one-pass", "one-pass-fixup",
+    "one-pass-merge", "paths" or "fixup" (config.attention_mode). "auto": one pass where
+    the target runs FA3 and its attention does not also write the KV cache (one pass
+    skips that call), paths where it does or where the engine cannot take one pass, else
+    fixup. no_one_pass: why
     this engine cannot take one pass (None: it can)."""
     mode = attention_mode()
     if no_one_pass is not None and mode not in NO_ONE_PASS_MODES:
@@ -57,7 +58,7 @@ def configure(
         target_layer.attn_backend.forward_includes_kv_cache_update,
         no_one_pass,
     )
-    if mode in ("paths", "one-pass"):
+    if mode in ("paths", "one-pass", "one-pass-merge"):
         verification.paths = PathTables(
             max_paths=max_paths,
             max_tokens=max_tokens,
@@ -66,6 +67,9 @@ def configure(
             splits=path_splits(),
         )
     verification.one_pass = mode.startswith("one-pass")
+    verification.merge = mode == "one-pass-merge"
+    if verification.merge:
+        verification.prefix_lens = torch.zeros(max_tokens, dtype=torch.int32, device=device)
     if verification.one_pass:
         verification.all_rows = torch.ones_like(verification.buffers.token_needs_fix)
     return mode

@@ -18,6 +18,7 @@ tree (offset i from its root):
   needs_fix   1 iff r's ancestor set is not its causal prefix, i.e. the stock causal
               kernel's output for r is wrong (never the root, never a chain's rows)
   delta       tree position - linear position (depth - i, <= 0)
+  offset      i (the merged tree attention finds the root's row by it)
 and per logits row (the rows the target's logits come back for, same order):
   request (for every logits row), in_tree, offset, depth, parent_row (its parent's
   logits row, -1 for roots and slots without a node), ancestors, siblings_before (bits
@@ -41,19 +42,19 @@ from .tree_paths import PathTables
 # Fields the device gathers from the table are adjacent, in the table's order, so that
 # they are written as slices: indexing a device tensor with a list of rows copies the
 # list from pageable host memory, and that copy waits for the GPU.
-_TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA = 0, 1, 2
-_REQUEST, _OFFSET, _TOKEN_ROW, _IN_TREE = 3, 4, 5, 6
-_ANCESTORS, _SIBLINGS, _DEPTH = 7, 8, 9  # as ANCESTORS .. DEPTH of the table
-_TOKEN, _PARENT_ROW = 10, 11
+_TOKEN_ANCESTORS, _TOKEN_NEEDS_FIX, _TOKEN_DELTA, _TOKEN_OFFSET = 0, 1, 2, 3
+_REQUEST, _OFFSET, _TOKEN_ROW, _IN_TREE = 4, 5, 6, 7
+_ANCESTORS, _SIBLINGS, _DEPTH = 8, 9, 10  # as ANCESTORS .. DEPTH of the table
+_TOKEN, _PARENT_ROW = 11, 12
 assert (SIBLINGS, DEPTH) == (ANCESTORS + 1, ANCESTORS + 2), "the slices below need this order"
 # Written by the host for the gather only: 1 + each tree row's slot in the flattened
 # table (0 for rows of no tree, as every column the host has not written), by forward
 # row and by logits row, and each tree logits row's root row among the logits.
-_TOKEN_SLOT, _LOGITS_SLOT, _FIRST_LOGITS_ROW = 12, 13, 14
+_TOKEN_SLOT, _LOGITS_SLOT, _FIRST_LOGITS_ROW = 13, 14, 15
 # Per tree (column k: the step's k-th tree): its root's row in the forward, its rows,
 # its batch row (the path requests' build reads them on the device, tree_paths.py).
-_TREE_ROW, _TREE_ROWS, _TREE_REQUEST = 15, 16, 17
-_FIELDS = 18
+_TREE_ROW, _TREE_ROWS, _TREE_REQUEST = 16, 17, 18
+_FIELDS = 19
 _CACHED_VIEWS = 256  # distinct step sizes whose views TreeStepBuffers keeps
 
 
@@ -211,8 +212,8 @@ class TreeStepBuffers:
         at = (slot - 1).clamp(min=0)
         v = flat[:, at]  # [fields, T]
         offset = at % table.shape[2]
-        d[_TOKEN_ANCESTORS : _TOKEN_DELTA + 1, :num_tokens] = torch.where(
-            inside, torch.stack([v[ANCESTORS], v[NEEDS_FIX], v[DEPTH] - offset]), 0
+        d[_TOKEN_ANCESTORS : _TOKEN_OFFSET + 1, :num_tokens] = torch.where(
+            inside, torch.stack([v[ANCESTORS], v[NEEDS_FIX], v[DEPTH] - offset, offset]), 0
         )
         slot = d[_LOGITS_SLOT, :num_logits]
         inside = slot > 0
@@ -267,6 +268,10 @@ class TreeStepBuffers:
     def token_needs_fix(self) -> torch.Tensor:
         return self.device_rows[_TOKEN_NEEDS_FIX]
 
+    @property
+    def token_offset(self) -> torch.Tensor:
+        return self.device_rows[_TOKEN_OFFSET]
+
 
 @dataclass
 class TreeVerification:
@@ -287,6 +292,13 @@ class TreeVerification:
     one_pass: bool = False
     every_row: bool = False
     all_rows: torch.Tensor | None = None
+    # "one-pass-merge": such a step runs FA3 over each request's prefix and the tree rows'
+    # own kernel (kernels/tree_merge.py), not the path requests (other steps still do).
+    merge: bool = False
+    # "one-pass-merge": the step's committed keys per batch row (its root's position),
+    # FA3's key counts for the prefixes, written before the forward (publish_prefixes);
+    # rows past the step's requests 0 (a graph's padding requests see no key).
+    prefix_lens: torch.Tensor | None = None  # [max_num_tokens] int32
     # While vLLM warms up and captures its graphs, the fix-up launches even with no
     # trees (its rows then return at once), so that graphs contain it.
     capturing: bool = False
@@ -297,6 +309,19 @@ class TreeVerification:
     # DOMINOTREE_CHECK_TREE_ATTENTION=1 (engine/attention_check.py): recomputed rows
     # checked against the dense reference in eager forwards.
     check: bool = False
+
+    def publish_prefixes(self, num_trees: int, positions: torch.Tensor) -> None:
+        """prefix_lens for a one-pass step of the merged mode, on the device: each tree's
+        root position (positions: [>= T] per forward row, the device's, exact under
+        asynchronous scheduling) at its batch row."""
+        root_rows, _, batch_rows = self.buffers.tree_rows(num_trees)
+        self.prefix_lens.zero_()
+        self.prefix_lens.index_copy_(0, batch_rows, positions[root_rows].to(torch.int32))
+
+    def builds_paths(self, every_row: bool) -> bool:
+        """Whether a step needs its path requests built (tree_paths.py): they verify it,
+        unless it is a one-pass step of the merged mode."""
+        return self.paths is not None and not (every_row and self.merge)
 
 
 _INSTALLED: TreeVerification | None = None

@@ -238,7 +238,9 @@ class DominoTreeV2RunnerMixin:
                 every_row = verification.one_pass and 0 < len(trees) == input_batch.num_reqs
                 verification.every_row = every_row
                 self._stats.one_pass_steps += every_row
-                if verification.paths is not None:
+                if every_row and verification.merge:
+                    verification.publish_prefixes(len(trees), input_batch.positions)
+                if verification.builds_paths(every_row):
                     self._build_paths(
                         len(trees),
                         # Each owns a drafted row; one pass: a tree of the root alone too.
