@@ -207,7 +207,7 @@ def paths_output(
     from vllm_dominotree.engine.cuda_attention import attend_paths
 
     query, key_cache, value_cache = args[:3]
-    tables = tables or path_tables(args, each_row)
+    tables = tables or path_tables(args, each_row, every_row)
     longest = int(args[5].max()) if max_seqlen_k is None else max_seqlen_k
     out = torch.full_like(query, 7.0)
     scale = query.shape[-1] ** -0.5

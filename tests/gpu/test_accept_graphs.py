@@ -1,5 +1,6 @@
-"""The accept stage replayed as a CUDA graph (engine/accept_graphs.py) == the eager
-acceptance of each step, K/V moves included: random trees beside one-row requests, the
+"""The accept stage replayed as a CUDA graph (engine/accept_graphs.py), with the fused
+acceptance kernel, == the torch reference's eager acceptance of each step, K/V moves
+included: random trees beside one-row requests, the
 graphs captured once over cleared buffers and replayed for step after step."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import torch
 from acceptance_cases import random_step
 
 from vllm_dominotree.engine.accept_graphs import AcceptGraphs
-from vllm_dominotree.engine.acceptance import accept_trees, step_counters
+from vllm_dominotree.engine.acceptance import accept_step, accept_trees, step_counters
 from vllm_dominotree.engine.tree_step import TreeStepBuffers
 from vllm_dominotree.kernels.kv_move import PathKVMover
 
@@ -27,11 +28,13 @@ def test_graph_replays_equal_eager_acceptance():
     query_start = torch.zeros(17, dtype=torch.int32, device=device)
 
     def stage(step, target, last_rows, num_reqs, width):
-        accepted = accept_trees(step, target, last_rows, num_reqs, width)
+        # CUDA's: the fused kernel (kernels/tree_accept.py); the eager side below keeps
+        # the torch reference.
+        accepted, counters = accept_step(step, target, last_rows, num_reqs, width)
         movers["g"](
             slot_mapping, query_start[: num_reqs + 1], accepted.path_offsets, accepted.num_accepted
         )
-        return accepted, step_counters(step, accepted)
+        return accepted, counters
 
     graphs = AcceptGraphs(buffers, stage, ROWS_PER_TREE, 16, device)
     graphs.capture()

@@ -1,7 +1,8 @@
 """The accept stage of a greedy step as one CUDA graph replay.
 
-A step's acceptance, counters and K/V move (acceptance.accept_trees, step_counters, the
-PathKVMover) are about 85 small kernels, each launched by the host (a step launched 189
+A step's acceptance, counters and K/V move (acceptance.accept_step: on CUDA one Triton
+launch since 2026-12-05c, before that accept_trees and step_counters in torch; the
+PathKVMover) were about 85 small kernels, each launched by the host (a step launched 189
 kernels outside graphs before, 104 with the graph, H200:
 benchmarks/results/h200_2026-12-02_accept_graphs).
 They read nothing but persistent buffers (the step description, tree_step.py; the
@@ -25,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ..tree.scorers import padded_rows
-from .acceptance import Accepted, accept_trees, step_counters
+from .acceptance import Accepted, accept_step
 from .tree_step import TreeStep, TreeStepBuffers
 
 # (step, target tokens [>= L], last logits row per request [R], R, width W) ->
@@ -48,10 +49,10 @@ def accept_and_move(
     """Acceptance, the step's counters and the accepted paths' K/V move: the AcceptStage
     of both runners (each binds its K/V mover and its persistent slot mapping and query
     starts, so that a replay reads each step's), also what their eager path runs."""
-    accepted = accept_trees(step, target, last_rows, num_reqs, width)
+    accepted, counters = accept_step(step, target, last_rows, num_reqs, width)
     starts = query_start[: num_reqs + 1]
     kv_mover(slot_mapping, starts, accepted.path_offsets, accepted.num_accepted)
-    return accepted, step_counters(step, accepted)
+    return accepted, counters
 
 
 def trimmed(accepted: Accepted, num_reqs: int, num_logits: int, width: int) -> Accepted:

@@ -168,6 +168,29 @@ def accept_trees(
     return Accepted(sampled, path[:-1].view(num_reqs, width), num_accepted, accepted)
 
 
+def accept_step(
+    step: TreeStep,
+    target: torch.Tensor,  # [>= L] long
+    last_rows: torch.Tensor,  # [R] long
+    num_reqs: int,
+    width: int,
+) -> tuple[Accepted, torch.Tensor]:
+    """accept_trees and step_counters: on CUDA in one Triton launch, one program per
+    request (kernels/tree_accept.py, which these torch functions are the reference of),
+    on CPU as written here."""
+    if not target.is_cuda:
+        accepted = accept_trees(step, target, last_rows, num_reqs, width)
+        return accepted, step_counters(step, accepted)
+    from ..kernels.tree_accept import accept_requests
+
+    fields = (step.parent_row, step.token, step.ancestors, step.siblings_before)
+    fields += (step.offset, step.depth, step.in_tree)
+    sampled, path, num_accepted, accepted, counters = accept_requests(
+        *fields, target, last_rows[:num_reqs], width
+    )
+    return Accepted(sampled, path, num_accepted, accepted), counters
+
+
 def step_counters(step: TreeStep, accepted: Accepted) -> torch.Tensor:
     """[4] long: drafted tokens accepted, accepted nodes that are not their parent's first
     child, paths that are not rows 1..k (their K/V moves), and the leaves of the verified

@@ -1,6 +1,7 @@
 """The SmolLM2 drafter's learning curve: offline acceptance on the evaluation sets against
 its H200 training minutes, from the evaluate.py runs recorded beside it; writes
-curve.json and curve.png here. Run: .venv/bin/python benchmarks/results/smollm2_learning_curve/make.py"""
+curve.json and curve.png here. Run from the project root:
+    .venv/bin/python benchmarks/results/smollm2_learning_curve/make.py"""
 
 import json
 from pathlib import Path
@@ -8,22 +9,28 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 HERE = Path(__file__).parent
 RESULTS = HERE.parent
 # (cumulative H200 training minutes, what was added, evaluation file, drafter row)
+SETS_05, SETS_05C = "h200_2026-12-05/eval_sets.json", "h200_2026-12-05c/train/train_arms.json"
 POINTS = [
-    (7.3, "templates, 12000 prompts (2026-11-30)", "h200_2026-12-05/eval_sets.json", 0),
-    (8.3, "+1 min, 3000 prompts, 75% self-written, seed 0", "h200_2026-12-05/eval_sets.json", 1),
-    (8.3, "(the same drafter, evaluated again)", "h200_2026-12-05c/train/train_arms.json", 0),
-    (11.8, "+3.5 min, 5000 prompts, 75% self-written, seed 2", "h200_2026-12-05c/train/train_arms.json", 1),
+    (7.3, "templates, 12000 prompts (2026-11-30)", SETS_05, 0),
+    (8.3, "+1 min, 3000 prompts, 75% self-written, seed 0", SETS_05, 1),
+    (8.3, "(the same drafter, evaluated again)", SETS_05C, 0),
+    (
+        11.8,
+        "+3.5 min, 5000 prompts, 75% self-written, seed 2",
+        "h200_2026-12-05c/train/train_arms.json",
+        1,
+    ),
 ]
 
 
 def rows(name: str) -> list[dict]:
     data = json.loads((RESULTS / name).read_text())
-    return (data["sets"] if "sets" in data else data)["rows"]
+    return data.get("sets", data)["rows"]
 
 
 curve = []
