@@ -41,7 +41,8 @@
 #                     beside the shipped drafter -> $OUT/train_arms.{json,log}; ARMS="0.75"
 #                     runs one arm, SEED=N distills other prompts than seed 0's; the
 #                     answers come back as $OUT/arm_S.jsonl.xz, the evaluation's as
-#                     $OUT/eval_NAME.jsonl.xz
+#                     $OUT/eval_NAME.jsonl.xz; DATA="data/smollm2/answers-*.jsonl.xz" trains
+#                     on answers distilled earlier instead of distilling PROMPTS anew
 #   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
 #                     -> $OUT/harness/
 #   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
@@ -296,6 +297,12 @@ $e::test_paths_attention_refused_without_fa3"
       # and 3000 prompts an arm on the H200, 2026-12-05).
       [ ! -d "$arm/export" ] || continue
       mkdir -p "$arm" && ln -sfn "$work/target" "$arm/target"
+      # Answers distilled earlier (DATA: .jsonl.xz files, e.g. data/smollm2/answers-*)
+      # stand in for distilling anew: the call's minutes go to training.
+      if [ -n "${DATA:-}" ]; then
+        # shellcheck disable=SC2086  # DATA is a list of files (a glob)
+        xz -dc $DATA > "$arm/data.jsonl"
+      fi
       echo "== arm SELF_WRITTEN=$self_written: $prompts prompts, $minutes minutes" |
         tee -a "$OUT/train_arms.log"
       SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped EXPORT=$arm/export DTYPE=bfloat16 \
@@ -306,6 +313,10 @@ $e::test_paths_attention_refused_without_fa3"
     # Beside the evaluation sets, answers carried in .evaldata/NAME.jsonl (for example
     # to held-out self-written prompts), each its own figures.
     rm -f /tmp/eval_*.json
+    # The evaluation responses kept in the project: the same anchors every session, and
+    # no target generation in the call.
+    kept=data/smollm2/eval-sets-25.jsonl.xz
+    [ -f "$work/eval25.jsonl" ] || [ ! -f "$kept" ] || xz -dc "$kept" > "$work/eval25.jsonl"
     drafters=("$shipped")
     for self_written in "${arms[@]}"; do drafters+=("/tmp/arm_$self_written/run/drafter"); done
     data=("sets=$work/eval25.jsonl")

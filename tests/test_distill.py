@@ -41,3 +41,28 @@ def test_user_turn_prefix_is_the_template_up_to_the_users_text(smollm2_dir):
         [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
     )
     assert full.startswith(prefix + text)
+
+
+def test_the_kept_answers_prompts_share_no_8_gram_with_the_evaluation_sets(smollm2_dir):
+    """data/smollm2 (answers distilled on the GPU, kept for later training chunks): every
+    prompt's user turn, decoded from its tokens, passes the same check; and the check
+    sees those turns (a leaked evaluation prompt among them is found)."""
+    import json
+    import lzma
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prefix = user_turn_prefix(tokenizer)
+    turns = []
+    for path in sorted(Path(__file__).parents[1].glob("data/smollm2/answers-*.jsonl.xz")):
+        for line in lzma.open(path, "rt"):
+            row = json.loads(line)
+            text = tokenizer.decode(row["tokens"][: row["prompt_len"]])
+            assert text.startswith(prefix), text[:200]
+            turns.append(text[len(prefix) :].split("<|im_end|>")[0])
+    assert len(turns) >= 5000 and len(set(turns)) > 0.95 * len(turns)
+    texts = evaluation_texts()
+    assert overlap(turns, texts) == []
+    assert [i for i, _ in overlap([*turns[:50], texts[3]], texts)] == [50]
