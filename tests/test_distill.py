@@ -57,11 +57,12 @@ def test_the_kept_answers_prompts_share_no_8_gram_with_the_evaluation_sets(smoll
     prefix = user_turn_prefix(tokenizer)
     turns = []
     for path in sorted(Path(__file__).parents[1].glob("data/smollm2/answers-*.jsonl.xz")):
-        for line in lzma.open(path, "rt"):
-            row = json.loads(line)
-            text = tokenizer.decode(row["tokens"][: row["prompt_len"]])
-            assert text.startswith(prefix), text[:200]
-            turns.append(text[len(prefix) :].split("<|im_end|>")[0])
+        with lzma.open(path, "rt") as rows:
+            for line in rows:
+                row = json.loads(line)
+                text = tokenizer.decode(row["tokens"][: row["prompt_len"]])
+                assert text.startswith(prefix), text[:200]
+                turns.append(text[len(prefix) :].split("<|im_end|>")[0])
     assert len(turns) >= 5000 and len(set(turns)) > 0.95 * len(turns)
     texts = evaluation_texts()
     assert overlap(turns, texts) == []
