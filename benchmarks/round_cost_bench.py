@@ -10,9 +10,10 @@ A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with 
 synchronous scheduling instead of its default (asynchronous on CUDA), `-vllm-draft` with
 vLLM's piecewise query pass instead of the plugin's drafter graphs, `-prepare-apart` with
 the drafter's logits and the scorer's preparation eager before the build instead of in
-its graph, `-paths` / `-fixup` / `-one-pass` / `-one-pass-fixup` with the tree rows
-through FA3 path requests / the Triton fix-up kernel / path requests for every row and no
-stock pass / the fix-up's kernel for every row and no stock pass,
+its graph, `-paths` / `-fixup` / `-one-pass` / `-one-pass-fixup` / `-one-pass-merge` with the tree
+rows through FA3 path requests / the Triton fix-up kernel / path requests for every row
+and no stock pass / the fix-up's kernel for every row and no stock pass / FA3 over each
+prefix plus the trees' own part, merged (kernels/tree_merge.py),
 `-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS), `-triton`
 with the conditional scorer's per-node step and the builder's pop as Triton launches
 (DOMINOTREE_NODE_STEP), e.g. `conditional-sync` or `conditional-one-pass-splits1`; and,
