@@ -197,11 +197,32 @@ def test_each_runner_takes_the_tree_attention_it_has(monkeypatch):
         assert choose(False, False, no_one_pass) == "fixup"
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", "paths")
     assert choose(True, False, reason) == choose(True, False, None) == "paths"
-    for mode in ("one-pass", "one-pass-fixup"):
+    for mode in ("one-pass", "one-pass-fixup", "one-pass-merge"):
         monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
         assert choose(True, False, None) == mode
         with pytest.raises(ValueError, match=f"{mode} is not available here: .*FULL_AND_PIECE"):
             choose(True, False, reason)
+
+
+@pytest.mark.parametrize("mode", ["one-pass", "one-pass-merge"])
+def test_merged_one_pass_steps_build_no_path_requests(monkeypatch, mode):
+    """one-pass-merge: a step of trees alone reads its prefixes' lengths (allocated here)
+    and no path requests; other steps still build them (the stock pass plus paths)."""
+    from vllm_dominotree.engine.tree_step import TreeStepBuffers, TreeVerification
+
+    monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
+    cpu = torch.device("cpu")
+    verification = TreeVerification(TreeStepBuffers(64, cpu), frozenset(), 17)
+    layer = SimpleNamespace(attn_backend=SimpleNamespace(forward_includes_kv_cache_update=False))
+    chosen = tree_attention_setup.configure(
+        verification, layer, no_one_pass=None, max_paths=32, max_tokens=64, max_len=256,
+        device=cpu,
+    )  # fmt: skip
+    merge = mode == "one-pass-merge"
+    assert chosen == mode and verification.one_pass and verification.merge == merge
+    assert verification.paths is not None and verification.builds_paths(False)
+    assert verification.builds_paths(True) != merge
+    assert (verification.prefix_lens is not None) == merge
 
 
 def test_the_path_split_count_is_checked(monkeypatch):
