@@ -104,6 +104,24 @@ def node_step() -> str:
     return step
 
 
+VOCAB_TOPKS = ("torch", "triton")
+
+
+def vocab_topk() -> str:
+    """How the scorers take each depth's top M (conditional) or top C (marginal) of the
+    drafter's logits over the vocabulary (tree/scorers.top_of_vocab), from the
+    environment's DOMINOTREE_VOCAB_TOPK: "torch" (default: torch.topk) or "triton" (two
+    launches, kernels/vocab_topk.py; CUDA). Not the default until measured: torch.topk
+    took 99 / 422 / 1,204 us at batch 1 / 16 / 64 over Qwen3's 151,936 logits on the
+    H200 (benchmarks/results/h200_2026-12-04d); the kernel has run on no GPU yet."""
+    kind = os.environ.get("DOMINOTREE_VOCAB_TOPK", "torch")
+    if kind not in VOCAB_TOPKS:
+        raise DominoTreeConfigError(
+            f"dominotree: DOMINOTREE_VOCAB_TOPK={kind!r}; use one of {VOCAB_TOPKS}"
+        )
+    return kind
+
+
 @dataclass(frozen=True)
 class DominoTreeConfig:
     # Drafted nodes per tree (the verification pass checks budget + 1 rows).

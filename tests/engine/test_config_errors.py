@@ -164,6 +164,22 @@ def test_node_step_switch_is_checked_at_engine_start(pair_dirs, monkeypatch, ste
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "kind, message",
+    [("triton", "with CUDA kernels"), ("radix", "use one of")],
+)
+def test_vocab_topk_switch_is_checked_at_engine_start(pair_dirs, monkeypatch, kind, message):
+    """DOMINOTREE_VOCAB_TOPK: an unknown value, and the Triton top M on CPU, are refused
+    before any worker starts, naming the variable."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("DOMINOTREE_VOCAB_TOPK", kind)
+    args = EngineArgs(model=pair_dirs["target"], speculative_config=dominotree(pair_dirs))
+    with pytest.raises(DominoTreeConfigError, match="DOMINOTREE_VOCAB_TOPK") as error:
+        args.create_engine_config()
+    assert message in str(error.value)
+
+
 def test_recurrent_targets_are_refused():
     config = SimpleNamespace(
         model_config=SimpleNamespace(model="some/mamba", is_hybrid=True, is_attention_free=False)

@@ -59,6 +59,8 @@ class DominoTreeStats:
     # torch step), "triton" (three launches per pop, not yet the default) or "table"
     # (marginal: per-depth tables).
     scorer_step: str = ""
+    # How the scorer takes its top of the vocabulary (config.vocab_topk): "torch", "triton".
+    vocab_topk: str = ""
     # Tokens the drafter's logits cover (its draft vocabulary, drafter/draft_vocab.py);
     # 0: the whole vocabulary.
     draft_vocab: int = 0
