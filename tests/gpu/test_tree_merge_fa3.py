@@ -13,26 +13,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from path_checks import merged_case, merged_inputs
-from tree_attention_check import paths_output, random_case
+from tree_attention_check import bf16_case, paths_output
 
 from vllm_dominotree.engine.cuda_attention import attend_merged
 from vllm_dominotree.kernels.tree_attention import tree_attention_reference
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("shape", [(32, 8, 128), (9, 3, 64)])  # Qwen3-4B's, SmolLM2's
+@pytest.mark.parametrize("shape", ["qwen3-4b", "smollm2-135m"])
 def test_merged_rows_match_the_reference_as_closely_as_paths(seed, shape):
-    heads, kv_heads, head_dim = shape
     contexts = [0, 5, 700, 1500] if seed == 0 else None  # an empty prefix weighs nothing
-    case = random_case(
-        "cuda",
-        torch.bfloat16,
-        seed,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        contexts=contexts,
-    )
+    case = bf16_case(shape, seed, context=1100, contexts=contexts)
+    head_dim = case[0].shape[-1]
     want = torch.zeros(case[0].shape, device="cuda")
     every = torch.ones_like(case[-1])
     tree_attention_reference(case[0].float(), *case[1:-1], every, head_dim**-0.5, want)
@@ -53,8 +45,8 @@ def test_merged_rows_match_the_reference_as_closely_as_paths(seed, shape):
 def test_merged_rows_in_a_cuda_graph_follow_the_replayed_inputs():
     """Captured once, replayed after another batch of the same shape (new K/V, queries
     and shorter prefixes) is written into the captured inputs: the rows follow it."""
-    first = random_case("cuda", torch.bfloat16, 5, heads=32, kv_heads=8, head_dim=128)
-    second = list(random_case("cuda", torch.bfloat16, 5, heads=32, kv_heads=8, head_dim=128))
+    first = bf16_case("qwen3-4b", 5, context=1100)
+    second = list(bf16_case("qwen3-4b", 5, context=1100))
     for i in range(3):  # query, key_cache, value_cache: new values
         second[i] = torch.randn_like(second[i])
     second[5] = second[5] - (second[5] - (second[4][1:] - second[4][:-1]) >= 3).int() * 3
