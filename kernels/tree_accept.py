@@ -20,7 +20,10 @@ COUNTERS = 4  # acceptance.step_counters's: accepted, sibling accepts, moved pat
 _COUNTERS = tl.constexpr(COUNTERS)  # the kernel's copy (a jit function reads constexpr globals)
 
 
-@triton.jit
+# The width and row count vary from step to step (a sampled step runs eagerly with its
+# widest tree's width): not specialized on, so that no step compiles a new variant
+# after the accept graphs compiled theirs at engine start.
+@triton.jit(do_not_specialize=["num_logits", "W"])
 def _accept_request(
     ParentRow,  # [L] int64 per logits row (tree_step.TreeStep's fields)
     Token,
@@ -37,8 +40,8 @@ def _accept_request(
     Accepted,  # [L] int8 out (zeroed by the caller: rows of no request stay 0)
     Counters,  # [R, COUNTERS] int64 out, per request (summed by the caller)
     num_logits,
-    W: tl.constexpr,
-    BLOCK: tl.constexpr,  # next power of two >= W
+    W,
+    BLOCK: tl.constexpr,  # a power of two >= W (block_for)
 ):
     r = tl.program_id(0)
     last = tl.load(LastRows + r)
@@ -105,6 +108,12 @@ def _bitwise_or(a, b):
     return a | b
 
 
+def block_for(width: int) -> int:
+    """The kernel's row block for a width: one variant for every width up to 32 (the
+    default budget's 17), and the next power of two beyond."""
+    return max(32, triton.next_power_of_2(width))
+
+
 def accept_requests(
     parent_row: torch.Tensor,  # [L] long, and the other TreeStep fields below
     token: torch.Tensor,
@@ -143,7 +152,7 @@ def accept_requests(
         accepted,
         counters,
         num_logits,
-        W=width,
-        BLOCK=triton.next_power_of_2(width),
+        width,
+        BLOCK=block_for(width),
     )
     return sampled, path, num_accepted, accepted.bool(), counters.sum(0)

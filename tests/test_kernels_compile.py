@@ -233,8 +233,8 @@ def ptxas_usage(ptx: str, folder) -> str:
 @pytest.mark.parametrize("width", [5, 17, 65])  # CPU's budget 4, CUDA's 16, budget 64
 def test_the_fused_acceptance_compiles_without_spills(width, tmp_path):
     types = {name: "*i64" for name in tree_accept._accept_request.arg_names}
-    types |= dict(Sampled="*i32", Accepted="*i8", num_logits="i32")
-    constexprs = dict(W=width, BLOCK=triton.next_power_of_2(width))
+    types |= dict(Sampled="*i32", Accepted="*i8", num_logits="i32", W="i32")
+    constexprs = dict(BLOCK=tree_accept.block_for(width))
     kernel = compiled(tree_accept._accept_request, types, constexprs)
     usage = ptxas_usage(kernel.asm["ptx"], tmp_path)
     assert "0 bytes spill stores, 0 bytes spill loads" in usage, usage
