@@ -26,8 +26,7 @@ def cuda_tree_attention(fa3: bool, kv_update_in_forward: bool, no_one_pass: str 
     "one-pass-merge", "paths" or "fixup" (config.attention_mode). "auto": one pass where
     the target runs FA3 and its attention does not also write the KV cache (one pass
     skips that call), paths where it does or where the engine cannot take one pass, else
-    fixup. no_one_pass: why
-    this engine cannot take one pass (None: it can)."""
+    fixup. no_one_pass: why this engine cannot take one pass (None: it can)."""
     mode = attention_mode()
     if no_one_pass is not None and mode not in NO_ONE_PASS_MODES:
         raise ValueError(
