@@ -104,6 +104,24 @@ def node_step() -> str:
     return step
 
 
+ACCEPT_KERNELS = ("torch", "triton")
+
+
+def accept_kernel() -> str:
+    """How a CUDA step's trees are accepted (engine/acceptance.accept_step), from the
+    environment's DOMINOTREE_ACCEPT_KERNEL: "torch" (default: acceptance.accept_trees and
+    step_counters, about 85 small kernels, 0.14 ms of a batch-1 round on the H200 even as
+    one graph replay, benchmarks/results/h200_2026-12-05b) or "triton" (one launch,
+    kernels/tree_accept.py, equal to them under Triton's interpreter). Not the default
+    until it has run on a GPU."""
+    kind = os.environ.get("DOMINOTREE_ACCEPT_KERNEL", "torch")
+    if kind not in ACCEPT_KERNELS:
+        raise DominoTreeConfigError(
+            f"dominotree: DOMINOTREE_ACCEPT_KERNEL={kind!r}; use one of {ACCEPT_KERNELS}"
+        )
+    return kind
+
+
 VOCAB_TOPKS = ("torch", "triton")
 
 

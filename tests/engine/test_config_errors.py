@@ -166,16 +166,19 @@ def test_node_step_switch_is_checked_at_engine_start(pair_dirs, monkeypatch, ste
 
 @pytest.mark.parametrize(
     "kind, message",
-    [("triton", "with CUDA kernels"), ("radix", "use one of")],
+    [("triton", "CUDA kernel"), ("radix", "use one of")],
 )
-def test_vocab_topk_switch_is_checked_at_engine_start(pair_dirs, monkeypatch, kind, message):
-    """DOMINOTREE_VOCAB_TOPK: an unknown value, and the Triton top M on CPU, are refused
-    before any worker starts, naming the variable."""
+@pytest.mark.parametrize("variable", ["DOMINOTREE_VOCAB_TOPK", "DOMINOTREE_ACCEPT_KERNEL"])
+def test_cuda_kernel_switches_are_checked_at_engine_start(
+    pair_dirs, monkeypatch, variable, kind, message
+):
+    """DOMINOTREE_VOCAB_TOPK, DOMINOTREE_ACCEPT_KERNEL: an unknown value, and the Triton
+    kernels on CPU, are refused before any worker starts, naming the variable."""
     from vllm.engine.arg_utils import EngineArgs
 
-    monkeypatch.setenv("DOMINOTREE_VOCAB_TOPK", kind)
+    monkeypatch.setenv(variable, kind)
     args = EngineArgs(model=pair_dirs["target"], speculative_config=dominotree(pair_dirs))
-    with pytest.raises(DominoTreeConfigError, match="DOMINOTREE_VOCAB_TOPK") as error:
+    with pytest.raises(DominoTreeConfigError, match=variable) as error:
         args.create_engine_config()
     assert message in str(error.value)
 

@@ -30,7 +30,7 @@ def test_graph_replays_equal_eager_acceptance():
     def stage(step, target, last_rows, num_reqs, width):
         # CUDA's: the fused kernel (kernels/tree_accept.py); the eager side below keeps
         # the torch reference.
-        accepted, counters = accept_step(step, target, last_rows, num_reqs, width)
+        accepted, counters = accept_step(step, target, last_rows, num_reqs, width, fused=True)
         movers["g"](
             slot_mapping, query_start[: num_reqs + 1], accepted.path_offsets, accepted.num_accepted
         )

@@ -1,8 +1,8 @@
 """The accept stage of a greedy step as one CUDA graph replay.
 
-A step's acceptance, counters and K/V move (acceptance.accept_step: on CUDA one Triton
-launch since 2026-12-05c, before that accept_trees and step_counters in torch; the
-PathKVMover) were about 85 small kernels, each launched by the host (a step launched 189
+A step's acceptance, counters and K/V move (acceptance.accept_step: accept_trees and
+step_counters in torch, or one Triton launch with DOMINOTREE_ACCEPT_KERNEL=triton; the
+PathKVMover) are about 85 small kernels in torch, each launched by the host (a step launched 189
 kernels outside graphs before, 104 with the graph, H200:
 benchmarks/results/h200_2026-12-02_accept_graphs).
 They read nothing but persistent buffers (the step description, tree_step.py; the
@@ -45,11 +45,12 @@ def accept_and_move(
     kv_mover: Callable,  # commit.target_kv's: (slots, query starts, paths, counts)
     slot_mapping: torch.Tensor,  # [>= T] the runner's persistent slot per forward row
     query_start: torch.Tensor,  # [>= R + 1] its persistent query starts
+    fused: bool = False,  # config.accept_kernel == "triton"
 ) -> tuple[Accepted, torch.Tensor]:
     """Acceptance, the step's counters and the accepted paths' K/V move: the AcceptStage
     of both runners (each binds its K/V mover and its persistent slot mapping and query
     starts, so that a replay reads each step's), also what their eager path runs."""
-    accepted, counters = accept_step(step, target, last_rows, num_reqs, width)
+    accepted, counters = accept_step(step, target, last_rows, num_reqs, width, fused)
     starts = query_start[: num_reqs + 1]
     kv_mover(slot_mapping, starts, accepted.path_offsets, accepted.num_accepted)
     return accepted, counters

@@ -174,11 +174,12 @@ def accept_step(
     last_rows: torch.Tensor,  # [R] long
     num_reqs: int,
     width: int,
+    fused: bool = False,
 ) -> tuple[Accepted, torch.Tensor]:
-    """accept_trees and step_counters: on CUDA in one Triton launch, one program per
-    request (kernels/tree_accept.py, which these torch functions are the reference of),
-    on CPU as written here."""
-    if not target.is_cuda:
+    """accept_trees and step_counters: as written here, or with `fused` (CUDA,
+    config.accept_kernel) in one Triton launch, one program per request
+    (kernels/tree_accept.py, which these torch functions are the reference of)."""
+    if not fused:
         accepted = accept_trees(step, target, last_rows, num_reqs, width)
         return accepted, step_counters(step, accepted)
     from ..kernels.tree_accept import accept_requests

@@ -29,6 +29,7 @@ import torch
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.outputs import SamplerOutput
 
+from ..config import accept_kernel
 from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_proposer
@@ -126,6 +127,7 @@ class DominoTreeRunnerMixin:
         paths = self._verification.paths
         self._stats.scorer_step = self.drafter.scorer.step
         self._stats.vocab_topk = self.drafter.scorer.vocab_topk
+        self._stats.accept_kernel = accept_kernel() if cuda else "torch"
         self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
@@ -404,7 +406,8 @@ class DominoTreeRunnerMixin:
         """accept_graphs.accept_and_move on V1's slot mapping and query starts."""
         table = self.input_batch.block_table[self._target_group]
         return accept_and_move(step, target, last_rows, num_reqs, width, self._kv_mover,
-                               table.slot_mapping.gpu, self.query_start_loc.gpu)  # fmt: skip
+                               table.slot_mapping.gpu, self.query_start_loc.gpu,
+                               self._stats.accept_kernel == "triton")  # fmt: skip
 
     def _sample_without_trees(self, logits: torch.Tensor) -> SamplerOutput:
         """vLLM's sampler, except for seeded requests: they draw with the keyed noise of

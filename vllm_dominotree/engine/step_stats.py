@@ -61,6 +61,8 @@ class DominoTreeStats:
     scorer_step: str = ""
     # How the scorer takes its top of the vocabulary (config.vocab_topk): "torch", "triton".
     vocab_topk: str = ""
+    # How a step's trees are accepted (config.accept_kernel): "torch", "triton".
+    accept_kernel: str = ""
     # Tokens the drafter's logits cover (its draft vocabulary, drafter/draft_vocab.py);
     # 0: the whole vocabulary.
     draft_vocab: int = 0

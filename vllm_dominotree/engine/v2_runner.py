@@ -29,6 +29,7 @@ import torch
 from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
+from ..config import accept_kernel
 from ..metrics import engine_block
 from ..patches.worker_classes import v2_runner_builds_speculator
 from ..stage_clock import StageClock
@@ -111,6 +112,7 @@ class DominoTreeV2RunnerMixin:
                 device=self.device,
             )
         install(self._verification)
+        self._stats.accept_kernel = accept_kernel() if self.device.type == "cuda" else "torch"
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures
@@ -209,6 +211,7 @@ class DominoTreeV2RunnerMixin:
             report["mean_accept_length"] = stats.mean_accept_length
             report["mean_leaves"] = stats.mean_leaves
             report["tree_attention"] = self.tree_attention
+            report["accept_kernel"] = stats.accept_kernel
             # FULL graphs captured without the stock pass (one pass)
             report["one_pass_graphs"] = len(self._verification.one_pass_graphs)
             paths = self._verification.paths
@@ -387,7 +390,8 @@ class DominoTreeV2RunnerMixin:
         """accept_graphs.accept_and_move on V2's slot mappings and query starts."""
         slot_mapping = self.block_tables.slot_mappings[self._target_group]
         return accept_and_move(step, target, last_rows, num_reqs, width, self._kv_mover,
-                               slot_mapping, self.input_buffers.query_start_loc)  # fmt: skip
+                               slot_mapping, self.input_buffers.query_start_loc,
+                               self._stats.accept_kernel == "triton")  # fmt: skip
 
     # 4. commit the drafter's rows (the speculator calls this before it drafts) ----------
     def _commit(self, input_batch, aux_hidden_states) -> None:

@@ -17,7 +17,7 @@ import functools
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
-from ..config import DominoTreeConfigError, node_step, vocab_topk
+from ..config import DominoTreeConfigError, accept_kernel, node_step, vocab_topk
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
@@ -48,6 +48,11 @@ def prepare_engine_args(args: EngineArgs) -> None:
     if node_step() == "triton" and not current_platform.is_cuda():
         raise DominoTreeConfigError(
             "DOMINOTREE_NODE_STEP=triton runs the scorer's step as CUDA kernels; "
+            "unset it (or set it to torch) on CPU"
+        )
+    if accept_kernel() == "triton" and not current_platform.is_cuda():
+        raise DominoTreeConfigError(
+            "DOMINOTREE_ACCEPT_KERNEL=triton accepts trees with a CUDA kernel; "
             "unset it (or set it to torch) on CPU"
         )
     if vocab_topk() == "triton" and not current_platform.is_cuda():
