@@ -85,7 +85,15 @@ def path_splits() -> int | None:
     return int(value)
 
 
-NODE_STEPS = ("torch", "triton")
+KERNEL_CHOICES = ("torch", "triton")  # the switches below: torch code, or Triton kernels
+
+
+def _kernel_switch(variable: str) -> str:
+    """An environment switch between torch code (the default) and Triton kernels."""
+    kind = os.environ.get(variable, "torch")
+    if kind not in KERNEL_CHOICES:
+        raise DominoTreeConfigError(f"dominotree: {variable}={kind!r}; use one of {KERNEL_CHOICES}")
+    return kind
 
 
 def node_step() -> str:
@@ -96,15 +104,7 @@ def node_step() -> str:
     top-M restriction). Not the default until it builds faster: its first version built a
     budget-16 tree in 1.65 ms at batch 1 against the torch step's 1.07 (H200,
     benchmarks/results/h200_2026-12-03)."""
-    step = os.environ.get("DOMINOTREE_NODE_STEP", "torch")
-    if step not in NODE_STEPS:
-        raise DominoTreeConfigError(
-            f"dominotree: DOMINOTREE_NODE_STEP={step!r}; use one of {NODE_STEPS}"
-        )
-    return step
-
-
-ACCEPT_KERNELS = ("torch", "triton")
+    return _kernel_switch("DOMINOTREE_NODE_STEP")
 
 
 def accept_kernel() -> str:
@@ -114,15 +114,7 @@ def accept_kernel() -> str:
     one graph replay, benchmarks/results/h200_2026-12-05b) or "triton" (one launch,
     kernels/tree_accept.py, equal to them under Triton's interpreter). Not the default
     until it has run on a GPU."""
-    kind = os.environ.get("DOMINOTREE_ACCEPT_KERNEL", "torch")
-    if kind not in ACCEPT_KERNELS:
-        raise DominoTreeConfigError(
-            f"dominotree: DOMINOTREE_ACCEPT_KERNEL={kind!r}; use one of {ACCEPT_KERNELS}"
-        )
-    return kind
-
-
-VOCAB_TOPKS = ("torch", "triton")
+    return _kernel_switch("DOMINOTREE_ACCEPT_KERNEL")
 
 
 def vocab_topk() -> str:
@@ -132,12 +124,7 @@ def vocab_topk() -> str:
     launches, kernels/vocab_topk.py; CUDA). Not the default until measured: torch.topk
     took 99 / 422 / 1,204 us at batch 1 / 16 / 64 over Qwen3's 151,936 logits on the
     H200 (benchmarks/results/h200_2026-12-04d); the kernel has run on no GPU yet."""
-    kind = os.environ.get("DOMINOTREE_VOCAB_TOPK", "torch")
-    if kind not in VOCAB_TOPKS:
-        raise DominoTreeConfigError(
-            f"dominotree: DOMINOTREE_VOCAB_TOPK={kind!r}; use one of {VOCAB_TOPKS}"
-        )
-    return kind
+    return _kernel_switch("DOMINOTREE_VOCAB_TOPK")
 
 
 @dataclass(frozen=True)
