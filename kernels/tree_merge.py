@@ -122,6 +122,16 @@ def _tree_part_merged(
     )
 
 
+def check_merge_shape(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """The layer shapes the kernel takes (checked when the engine starts, and here)."""
+    if num_heads % num_kv_heads or head_dim & (head_dim - 1):
+        raise ValueError(
+            f"dominotree: the merged tree attention takes a power-of-two head size and "
+            f"whole GQA groups (heads {num_heads}, KV heads {num_kv_heads}, head size "
+            f"{head_dim}); use DOMINOTREE_CUDA_TREE_ATTENTION=one-pass"
+        )
+
+
 def merge_tree_part(
     query: torch.Tensor,  # [T, H, D]
     key: torch.Tensor,  # [T, KVH, D]: this forward's keys (as written to the cache)
@@ -136,12 +146,7 @@ def merge_tree_part(
     """Every row's attention over prefix + its visible tree rows, into `out`."""
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key.shape[1]
-    if num_heads % num_kv_heads or head_dim & (head_dim - 1):
-        raise ValueError(
-            f"dominotree: the merged tree attention takes a power-of-two head size and "
-            f"whole GQA groups (heads {num_heads}, KV heads {num_kv_heads}, head size "
-            f"{head_dim}); use DOMINOTREE_CUDA_TREE_ATTENTION=one-pass"
-        )
+    check_merge_shape(num_heads, num_kv_heads, head_dim)
     group = num_heads // num_kv_heads
     for t in (query, key, value, prefix_out, out):
         if t.stride(-1) != 1:

@@ -60,3 +60,13 @@ others = torch.arange(got.shape[0]) != row
 assert (got[others] - want[others]).abs().max() < 2e-5
 print("ok")
 """)
+
+
+def test_a_shape_the_kernel_cannot_take_is_named():
+    from vllm_dominotree.kernels.tree_merge import check_merge_shape
+
+    check_merge_shape(32, 8, 128)
+    check_merge_shape(9, 3, 64)
+    for shape in ((32, 8, 96), (10, 4, 64)):
+        with pytest.raises(ValueError, match="DOMINOTREE_CUDA_TREE_ATTENTION=one-pass"):
+            check_merge_shape(*shape)

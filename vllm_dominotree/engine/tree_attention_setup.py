@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import attention_mode, path_splits
+from ..kernels.tree_merge import check_merge_shape
 from .backend_support import runs_fa3
 from .tree_paths import PathTables, slot_view
 from .tree_step import TreeVerification
@@ -66,8 +67,7 @@ def configure(
             splits=path_splits(),
         )
     verification.one_pass = mode.startswith("one-pass")
-    verification.merge = mode == "one-pass-merge"
-    if verification.merge:
+    if mode == "one-pass-merge":
         verification.prefix_lens = torch.zeros(max_tokens, dtype=torch.int32, device=device)
     if verification.one_pass:
         verification.all_rows = torch.ones_like(verification.buffers.token_needs_fix)
@@ -96,6 +96,8 @@ def check_backend(
             f"FlashAttention backend with FA3; this target runs {type(layer.impl).__name__}"
             " (float32 models use Triton): unset it or set it to fixup"
         )
+    if verification.merge:
+        check_merge_shape(layer.impl.num_heads, layer.impl.num_kv_heads, layer.impl.head_size)
     slot_view(layer.kv_cache.transpose(1, 2).split(layer.impl.head_size, dim=-1)[0])
     for every_row in {False, verification.one_pass}:
         warm_build(every_row)

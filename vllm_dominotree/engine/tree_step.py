@@ -292,12 +292,11 @@ class TreeVerification:
     one_pass: bool = False
     every_row: bool = False
     all_rows: torch.Tensor | None = None
-    # "one-pass-merge": such a step runs FA3 over each request's prefix and the tree rows'
-    # own kernel (kernels/tree_merge.py), not the path requests (other steps still do).
-    merge: bool = False
-    # "one-pass-merge": the step's committed keys per batch row (its root's position),
-    # FA3's key counts for the prefixes, written before the forward (publish_prefixes);
-    # rows past the step's requests 0 (a graph's padding requests see no key).
+    # "one-pass-merge" (set: `merge`): such a step runs FA3 over each request's prefix
+    # and the tree rows' own kernel (kernels/tree_merge.py), not the path requests
+    # (other steps still do). The step's committed keys per batch row (its root's
+    # position), FA3's key counts for the prefixes, written before the forward
+    # (publish_prefixes); rows past the step's requests 0 (padding requests see no key).
     prefix_lens: torch.Tensor | None = None  # [max_num_tokens] int32
     # While vLLM warms up and captures its graphs, the fix-up launches even with no
     # trees (its rows then return at once), so that graphs contain it.
@@ -309,6 +308,10 @@ class TreeVerification:
     # DOMINOTREE_CHECK_TREE_ATTENTION=1 (engine/attention_check.py): recomputed rows
     # checked against the dense reference in eager forwards.
     check: bool = False
+
+    @property
+    def merge(self) -> bool:
+        return self.prefix_lens is not None
 
     def publish_prefixes(self, num_trees: int, positions: torch.Tensor) -> None:
         """prefix_lens for a one-pass step of the merged mode, on the device: each tree's
