@@ -35,7 +35,7 @@ METHODS = {
     "chain": {"scorer": "chain"},
     "marginal": {"scorer": "marginal"},
     "conditional": {"scorer": "conditional"},
-    **{f"conditional-b{b}": {"scorer": "conditional", "budget": b} for b in (8, 16, 32)},
+    **{f"conditional-b{b}": {"scorer": "conditional", "budget": b} for b in (2, 8, 16, 32)},
 }
 DEFAULT_METHODS = ["no-spec", "chain", "marginal", "conditional", "conditional-b32"]
 STAGES = ("verify", "draft", "build", "accept")

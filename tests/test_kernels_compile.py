@@ -23,7 +23,6 @@ from vllm_dominotree.kernels import (
     tree_attention,
     tree_attention_fa3,
     tree_merge,
-    vocab_topk,
 )
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -239,23 +238,3 @@ def test_the_fused_acceptance_compiles_without_spills(width, tmp_path):
     usage = ptxas_usage(kernel.asm["ptx"], tmp_path)
     assert "0 bytes spill stores, 0 bytes spill loads" in usage, usage
     print(f"width {width}: {usage}")
-
-
-@pytest.mark.parametrize("dtype, shift, key_bits", [("bf16", 16, 16), ("fp32", 0, 32)])
-@pytest.mark.parametrize("m", [64, 128])
-def test_the_vocabulary_top_m_compiles_without_spills(dtype, shift, key_bits, m, tmp_path):
-    """kernels/vocab_topk.py's two stages, as the scorers' prepare launches them (M 64 and
-    128 of 151,936 logits)."""
-    keys = dict(M=m, M_P2=m, SHIFT=shift, KEY_BITS=key_bits)
-    keys["ROUNDS"] = vocab_topk.search_rounds(key_bits)
-    blocks = triton.cdiv(151936, vocab_topk.BLOCK)
-    first = dict(Logits=f"*{dtype}", Values=f"*{dtype}", Index="*i32", row_stride="i64")
-    second = dict(Values=f"*{dtype}", Index="*i32", OutValues=f"*{dtype}", OutIndex="*i64")
-    stages = (
-        (vocab_topk._block_top, first, keys | dict(BLOCK=vocab_topk.BLOCK)),
-        (vocab_topk._row_top, second, keys | dict(CANDIDATES=triton.next_power_of_2(blocks * m))),
-    )
-    for kernel, types, constexprs in stages:
-        usage = ptxas_usage(compiled(kernel, types, constexprs, num_warps=8).asm["ptx"], tmp_path)
-        assert "0 bytes spill stores, 0 bytes spill loads" in usage, usage
-        print(f"{kernel.__name__} M {m} {dtype}: {usage}")

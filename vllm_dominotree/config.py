@@ -88,9 +88,9 @@ def path_splits() -> int | None:
 KERNEL_CHOICES = ("torch", "triton")  # the switches below: torch code, or Triton kernels
 
 
-def _kernel_switch(variable: str) -> str:
-    """An environment switch between torch code (the default) and Triton kernels."""
-    kind = os.environ.get(variable, "torch")
+def _kernel_switch(variable: str, default: str = "torch") -> str:
+    """An environment switch between torch code and Triton kernels."""
+    kind = os.environ.get(variable, default)
     if kind not in KERNEL_CHOICES:
         raise DominoTreeConfigError(f"dominotree: {variable}={kind!r}; use one of {KERNEL_CHOICES}")
     return kind
@@ -107,24 +107,15 @@ def node_step() -> str:
     return _kernel_switch("DOMINOTREE_NODE_STEP")
 
 
-def accept_kernel() -> str:
-    """How a CUDA step's trees are accepted (engine/acceptance.accept_step), from the
-    environment's DOMINOTREE_ACCEPT_KERNEL: "torch" (default: acceptance.accept_trees and
-    step_counters, about 85 small kernels, 0.14 ms of a batch-1 round on the H200 even as
-    one graph replay, benchmarks/results/h200_2026-12-05b) or "triton" (one launch,
-    kernels/tree_accept.py, equal to them under Triton's interpreter). Not the default
-    until it has run on a GPU."""
-    return _kernel_switch("DOMINOTREE_ACCEPT_KERNEL")
-
-
-def vocab_topk() -> str:
-    """How the scorers take each depth's top M (conditional) or top C (marginal) of the
-    drafter's logits over the vocabulary (tree/scorers.top_of_vocab), from the
-    environment's DOMINOTREE_VOCAB_TOPK: "torch" (default: torch.topk) or "triton" (two
-    launches, kernels/vocab_topk.py; CUDA). Not the default until measured: torch.topk
-    took 99 / 422 / 1,204 us at batch 1 / 16 / 64 over Qwen3's 151,936 logits on the
-    H200 (benchmarks/results/h200_2026-12-04d); the kernel has run on no GPU yet."""
-    return _kernel_switch("DOMINOTREE_VOCAB_TOPK")
+def accept_kernel(cuda: bool) -> str:
+    """How a step's trees are accepted (engine/acceptance.accept_step), from the
+    environment's DOMINOTREE_ACCEPT_KERNEL: "triton" (the default on CUDA: one launch,
+    kernels/tree_accept.py) or "torch" (the default on CPU, where Triton is refused:
+    acceptance.accept_trees and step_counters, about 85 small kernels). On an H100 the
+    kernel took the accept stage from 0.15 to 0.04 ms a round at batch 1 and from 0.24
+    to 0.10 at batch 16, and equalled the torch reference inside the accept graphs
+    (benchmarks/results/h100_2026-12-05d)."""
+    return _kernel_switch("DOMINOTREE_ACCEPT_KERNEL", "triton" if cuda else "torch")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dominotree.config import CPU_BUDGET, DominoTreeConfig, DominoTreeConfigError
+from vllm_dominotree.config import (
+    CPU_BUDGET,
+    DominoTreeConfig,
+    DominoTreeConfigError,
+    accept_kernel,
+)
 from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
 from vllm_dominotree.patches.engine_args import check_engine_config
 from vllm_dominotree.speculative import translate
@@ -168,19 +173,24 @@ def test_node_step_switch_is_checked_at_engine_start(pair_dirs, monkeypatch, ste
     "kind, message",
     [("triton", "CUDA kernel"), ("radix", "use one of")],
 )
-@pytest.mark.parametrize("variable", ["DOMINOTREE_VOCAB_TOPK", "DOMINOTREE_ACCEPT_KERNEL"])
-def test_cuda_kernel_switches_are_checked_at_engine_start(
-    pair_dirs, monkeypatch, variable, kind, message
-):
-    """DOMINOTREE_VOCAB_TOPK, DOMINOTREE_ACCEPT_KERNEL: an unknown value, and the Triton
-    kernels on CPU, are refused before any worker starts, naming the variable."""
+def test_accept_kernel_switch_is_checked_at_engine_start(pair_dirs, monkeypatch, kind, message):
+    """DOMINOTREE_ACCEPT_KERNEL: an unknown value, and the Triton kernel on CPU (the
+    default on CUDA only), are refused before any worker starts, naming the variable."""
     from vllm.engine.arg_utils import EngineArgs
 
-    monkeypatch.setenv(variable, kind)
+    monkeypatch.setenv("DOMINOTREE_ACCEPT_KERNEL", kind)
     args = EngineArgs(model=pair_dirs["target"], speculative_config=dominotree(pair_dirs))
-    with pytest.raises(DominoTreeConfigError, match=variable) as error:
+    with pytest.raises(DominoTreeConfigError, match="DOMINOTREE_ACCEPT_KERNEL") as error:
         args.create_engine_config()
     assert message in str(error.value)
+
+
+def test_accept_kernel_defaults_to_the_kernel_on_cuda_only(monkeypatch):
+    """CUDA accepts with the fused kernel unless told otherwise; CPU with torch code."""
+    monkeypatch.delenv("DOMINOTREE_ACCEPT_KERNEL", raising=False)
+    assert accept_kernel(cuda=True) == "triton" and accept_kernel(cuda=False) == "torch"
+    monkeypatch.setenv("DOMINOTREE_ACCEPT_KERNEL", "torch")
+    assert accept_kernel(cuda=True) == "torch"
 
 
 def test_recurrent_targets_are_refused():

@@ -90,8 +90,10 @@ def test_greedy_equals_no_speculation_under_full_graphs(default_runs, expected, 
     # One GPU, small vocabulary: every build began with the drafter's logits and the
     # scorer's preparation, inside its graph.
     assert stats["prepared_in_build"] == stats["graph_builds"]
-    # Greedy: every step's acceptance and K/V move replayed the accept graphs.
+    # Greedy: every step's acceptance and K/V move replayed the accept graphs, with the
+    # fused acceptance kernel (CUDA's default).
     assert stats["graph_accepts"] >= stats["steps"] and stats["eager_accepts"] == 0
+    assert stats["accept_kernel"] == "triton"
     # Every step's trees reached its description by one replay of the captured gather.
     assert stats["graph_descriptions"] == stats["steps"] and stats["eager_descriptions"] == 0
     # Every drafting step (prefill steps too) ran the query pass as one graph replay.
@@ -139,8 +141,10 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     assert stats["accepted_tokens"] >= stats["vllm:spec_decode_num_accepted_tokens"]
     # Trees branch, and accepted paths move.
     assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
-    # Greedy steps accept through the accept graphs (accept_graphs.py).
+    # Greedy steps accept through the accept graphs (accept_graphs.py), with the fused
+    # acceptance kernel (CUDA's default).
     assert stats["graph_accepts"] == stats["steps"] > 0 and stats["eager_accepts"] == 0
+    assert stats["accept_kernel"] == "triton"
 
 
 def test_sampled_requests_on_the_v2_runner_follow_the_target(dirs):

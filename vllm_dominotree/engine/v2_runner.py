@@ -112,7 +112,7 @@ class DominoTreeV2RunnerMixin:
                 device=self.device,
             )
         install(self._verification)
-        self._stats.accept_kernel = accept_kernel() if self.device.type == "cuda" else "torch"
+        self._stats.accept_kernel = accept_kernel(self.device.type == "cuda")
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
         if get_tensor_model_parallel_rank() == 0:  # every rank has the same figures
@@ -200,7 +200,6 @@ class DominoTreeV2RunnerMixin:
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
             "scorer_step": self.speculator.scorer.step,
-            "vocab_topk": self.speculator.scorer.vocab_topk,
             "draft_vocab": draft_vocab_size(self.speculator.scorer),
             "stage_seconds": dict(self.stage_clock.seconds),
         }

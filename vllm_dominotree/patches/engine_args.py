@@ -17,7 +17,7 @@ import functools
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
-from ..config import DominoTreeConfigError, accept_kernel, node_step, vocab_topk
+from ..config import DominoTreeConfigError, accept_kernel, node_step
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
@@ -50,14 +50,9 @@ def prepare_engine_args(args: EngineArgs) -> None:
             "DOMINOTREE_NODE_STEP=triton runs the scorer's step as CUDA kernels; "
             "unset it (or set it to torch) on CPU"
         )
-    if accept_kernel() == "triton" and not current_platform.is_cuda():
+    if not current_platform.is_cuda() and accept_kernel(cuda=False) == "triton":
         raise DominoTreeConfigError(
             "DOMINOTREE_ACCEPT_KERNEL=triton accepts trees with a CUDA kernel; "
-            "unset it (or set it to torch) on CPU"
-        )
-    if vocab_topk() == "triton" and not current_platform.is_cuda():
-        raise DominoTreeConfigError(
-            "DOMINOTREE_VOCAB_TOPK=triton takes the vocabulary's top M with CUDA kernels; "
             "unset it (or set it to torch) on CPU"
         )
     vllm_spec, options = translate(args.speculative_config, on_cpu=current_platform.is_cpu())
