@@ -60,13 +60,23 @@ METHODS |= {
 }
 
 
+# A DominoTree method's suffixes: `-vS` drafts from the drafter's draft vocabulary of S
+# tokens (0: the whole vocabulary), `-mM` scores M candidates per depth.
+OPTION_SUFFIXES = {"v": "draft_vocab", "m": "candidates"}
+
+
 def method_spec(method: str) -> dict | None:
-    """METHODS[method]; a DominoTree method with a `-vS` suffix (`conditional-4-v8192`)
-    drafts from the drafter's draft vocabulary of S tokens (0: the whole vocabulary)."""
-    match = re.fullmatch(r"(.+)-v(\d+)", method)
-    if match and (METHODS.get(match[1]) or {}).get("method") == "dominotree":
-        return {**METHODS[match[1]], "draft_vocab": int(match[2])}
-    return METHODS[method]
+    """METHODS[method], with the options of its suffixes (`conditional-4-m16-v8192`; a
+    KeyError for a name that is not a method, or suffixes on one that is not DominoTree)."""
+    base, options = method, {}
+    while match := re.fullmatch(r"(.+)-([vm])(\d+)", base):
+        base, options = match[1], {OPTION_SUFFIXES[match[2]]: int(match[3]), **options}
+    spec = METHODS[base]
+    if not options:
+        return spec
+    if (spec or {}).get("method") != "dominotree":
+        raise KeyError(method)
+    return {**spec, **options}
 
 
 def known_method(method: str) -> str:
@@ -76,7 +86,7 @@ def known_method(method: str) -> str:
     except KeyError:
         raise argparse.ArgumentTypeError(
             f"unknown method {method!r}: one of {sorted(METHODS)}, a DominoTree one "
-            "optionally with -vS (draft vocabulary of S tokens)"
+            "optionally with -mM (M candidates) and -vS (draft vocabulary of S tokens)"
         ) from None
     return method
 
@@ -95,7 +105,7 @@ def speculative_config(method: str, args) -> dict | None:
     if spec is not None and spec["method"] == "dominotree":
         spec = {**spec, "model": str(args.drafter)}
         if args.candidates is not None:
-            spec["candidates"] = args.candidates
+            spec.setdefault("candidates", args.candidates)  # a method's -mM suffix wins
     return spec
 
 

@@ -1,27 +1,28 @@
-"""Domino's per-node step on CUDA in three launches, for the best-first builders.
+"""Domino's per-node step on CUDA in two launches, for the best-first builders.
 
 A pop of the build asks the conditional scorer for the children of one new node per
 request (tree/scorers.py): the GRU's update over the node's token, the correction of its
 depth's top-M candidates, their log-softmax and the top C. As torch code that is about
 fifteen small kernels per pop (two cuBLAS products, the gates, gathers and scatters,
 Inductor's reductions), each a few microseconds on the H200 and dependent on the last:
-launches and their gaps, not bytes, bound a pop. Here it is three, and the device
+launches and their gaps, not bytes, bound a pop. Here it is two, and the device
 builder's bookkeeping rides in the last:
 
 - `_gru_step`: both GRU products and the gates for a block of hidden units, every row
   at once (the n gate takes r x (W_hn h), so the two products stay apart inside the
-  program) -> the node's state, in the scorer's state table. At small batches its
-  reductions are split over programs (16 units x 16 rows are only 64 programs for the
-  released GRU of 1024), the last of a unit block's splits adding their partial
-  products in a fixed order.
-- `_correction_input`: u = silu(W_h h_d + W_s S) for a block of the correction's rank
-  (spread over programs: W_s is 0.5 MB, too much for one program per row to read fast).
-- `_children`: per row, the correction on the M candidates, the log-softmax, the top C
-  (best first, equal values in candidate order, as the torch step's ranks; by rank, in
-  one pass) and, in the device builder, the pop of kernels/tree_pop.py on the row's
-  frontier, which gives the next pop's inputs. (Until 2026-12-05 the pop was a launch of
-  its own and the top C took C rounds of argmax: 2.2 and 8.4 us a pop at batch 1 on the
-  H200, benchmarks/results/h200_2026-12-03e.)
+  program) -> the node's state, in the scorer's state table, and the block's share of
+  the correction's input, W_s[:, block] S[block] (64 blocks x 256 float32 a row for the
+  released drafter: 64 KB, where W_s itself is 0.5 MB, too much for one program per row
+  to read fast). At small batches its reductions are split over programs (16 units x
+  16 rows are only 64 programs for the released GRU of 1024), the last of a unit
+  block's splits adding their partial products in a fixed order.
+- `_children`: per row, u = silu(W_h h_d + the blocks' shares, summed in block order),
+  the correction on the M candidates, the log-softmax, the top C (best first, equal
+  values in candidate order, as the torch step's ranks; by rank, in one pass) and, in
+  the device builder, the pop of kernels/tree_pop.py on the row's frontier, which gives
+  the next pop's inputs. (Until 2026-12-05 the pop was a launch of its own and the top C
+  took C rounds of argmax: 2.2 and 8.4 us a pop at batch 1 on the H200,
+  benchmarks/results/h200_2026-12-03e; u was a launch of its own until 2026-12-05d.)
 
 Every product accumulates in float32 (IEEE for float32 drafters, where tensor cores
 would round to TF32). A row's arithmetic does not depend on the other rows, and both
@@ -49,11 +50,10 @@ E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
 
 
 @triton.jit
-def _products(X, rows_live, W, unit, gate, w_stride, width, GATES: tl.constexpr,
-              PRECISION: tl.constexpr, ROWS: tl.constexpr, UNITS: tl.constexpr,
-              K: tl.constexpr):  # fmt: skip
-    """X[rows, :width] @ W[g * gate + unit, :width]^T for the first GATES of g = 0, 1, 2
-    -> three [ROWS, UNITS] float32 (zeros past GATES). X: [ROWS] row pointers; unit:
+def _products(X, rows_live, W, unit, gate, w_stride, width, PRECISION: tl.constexpr,
+              ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr):  # fmt: skip
+    """X[rows, :width] @ W[g * gate + unit, :width]^T for the three gates g = 0, 1, 2
+    -> three [ROWS, UNITS] float32. X: [ROWS] row pointers; unit:
     [UNITS] weight rows (-1: none). One pass over the reduction: each step loads the
     rows once and the gates' weight tiles together, contiguous along the reduction."""
     first = tl.zeros([ROWS, UNITS], dtype=tl.float32)
@@ -68,11 +68,10 @@ def _products(X, rows_live, W, unit, gate, w_stride, width, GATES: tl.constexpr,
         cols = (unit >= 0)[:, None] & (kk < width)[None, :]
         tile = tl.load(w, mask=cols, other=0.0)
         first = tl.dot(x, tl.trans(tile), first, input_precision=PRECISION)
-        if GATES == 3:
-            tile = tl.load(w + gate * w_stride, mask=cols, other=0.0)
-            second = tl.dot(x, tl.trans(tile), second, input_precision=PRECISION)
-            tile = tl.load(w + 2 * gate * w_stride, mask=cols, other=0.0)
-            third = tl.dot(x, tl.trans(tile), third, input_precision=PRECISION)
+        tile = tl.load(w + gate * w_stride, mask=cols, other=0.0)
+        second = tl.dot(x, tl.trans(tile), second, input_precision=PRECISION)
+        tile = tl.load(w + 2 * gate * w_stride, mask=cols, other=0.0)
+        third = tl.dot(x, tl.trans(tile), third, input_precision=PRECISION)
     return first, second, third
 
 
@@ -86,25 +85,42 @@ def _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G: tl.conste
     n = 2.0 * tl.sigmoid(2.0 * (i_n + r * h_n)) - 1.0  # tanh
     cell = live[:, None] & (j < G)[None, :]
     h = tl.load(parent[:, None] + j[None, :], mask=cell, other=0.0).to(tl.float32)
-    new = (1.0 - z) * n + z * h
-    tl.store(node[:, None] + j[None, :], new.to(States.dtype.element_ty), mask=cell)
+    new = tl.where(cell, (1.0 - z) * n + z * h, 0.0).to(States.dtype.element_ty)
+    tl.store(node[:, None] + j[None, :], new, mask=cell)
+    return new
+
+
+@triton.jit
+def _state_share(state, p, live, j, unit_block, W_s, UShares, w_s_stride, share_rows,
+                 G: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
+    """The unit block's share of the correction's input, state[:, block] @ W_s[:, block]^T
+    ([ROWS, UNITS] as stored, 0 past the rows) -> UShares[unit_block, p, :E] float32."""
+    e = tl.arange(0, E_PAD)
+    w = tl.load(W_s + e[:, None] * w_s_stride + j[None, :],
+                mask=(e < E)[:, None] & (j < G)[None, :], other=0.0)  # fmt: skip
+    share = tl.dot(state, tl.trans(w), input_precision=PRECISION)  # [ROWS, E_PAD]
+    at = UShares + (unit_block * share_rows + p[:, None]) * E + e[None, :]
+    tl.store(at, share, mask=live[:, None] & (e < E)[None, :])
 
 
 # Row counts and the prefix length are not specialized on (Triton compiles a variant for
 # a value of 1 or a multiple of 16): the builders' graphs compile one per kernel at start.
 @triton.jit(do_not_specialize=["rows"])
 def _gru_step(
-    Tokens, Req, Parent, Node, Embed, States, W_ih, W_hh, Partials, Counters,
-    rows, partial_rows, embed_stride, state_req_stride, state_slot_stride,
-    H: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
-    ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
+    Tokens, Req, Parent, Node, Embed, States, W_ih, W_hh, Partials, Counters, W_s, UShares,
+    rows, partial_rows, embed_stride, state_req_stride, state_slot_stride, w_s_stride,
+    share_rows,
+    H: tl.constexpr, G: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+    PRECISION: tl.constexpr, ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
     SPLITS: tl.constexpr, H_SPLIT: tl.constexpr, G_SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Program (unit block, split, row block): the six products over the split's share
     of both reductions (H_SPLIT input columns, G_SPLIT state columns). With one split it
     applies the gates itself; with more, it stores its partial products, and the last
     of the unit block's splits to finish sums them in split order (the same sums on
-    every launch: the builders' trees stay bit-identical) and applies the gates."""
+    every launch: the builders' trees stay bit-identical) and applies the gates. Whoever
+    applies the gates also stores the block's share of the correction's input."""
     unit_block = tl.program_id(0)
     split = tl.program_id(1)
     p = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
@@ -120,12 +136,14 @@ def _gru_step(
     x = Embed + token * embed_stride + first_x
     width_x = tl.minimum(H_SPLIT, H - first_x)
     width_h = tl.minimum(G_SPLIT, G - first_h)
-    i_r, i_z, i_n = _products(x, live, W_ih + first_x, unit, G, H, width_x, 3, PRECISION,
-                              ROWS, UNITS, K)  # fmt: skip
-    h_r, h_z, h_n = _products(parent + first_h, live, W_hh + first_h, unit, G, G, width_h, 3,
+    i_r, i_z, i_n = _products(x, live, W_ih + first_x, unit, G, H, width_x, PRECISION, ROWS,
+                              UNITS, K)  # fmt: skip
+    h_r, h_z, h_n = _products(parent + first_h, live, W_hh + first_h, unit, G, G, width_h,
                               PRECISION, ROWS, UNITS, K)  # fmt: skip
     if SPLITS == 1:
-        _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
+        new = _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
+        _state_share(new, p, live, j, unit_block, W_s, UShares, w_s_stride, share_rows, G, E,
+                     E_PAD, PRECISION)  # fmt: skip
     else:
         cell = live[:, None] & (j < G)[None, :]
         # Partials: [SPLITS, 6, partial_rows, G] float32
@@ -158,30 +176,26 @@ def _gru_step(
                 h_r += tl.load(part + 3 * product, mask=cell, other=0.0)
                 h_z += tl.load(part + 4 * product, mask=cell, other=0.0)
                 h_n += tl.load(part + 5 * product, mask=cell, other=0.0)
-            _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
+            new = _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
+            _state_share(new, p, live, j, unit_block, W_s, UShares, w_s_stride, share_rows, G,
+                         E, E_PAD, PRECISION)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["rows"])
-def _correction_input(
-    Req, Node, Depth, States, HidPart, W_s, U,
-    rows, state_req_stride, state_slot_stride, hid_req_stride, hid_depth_stride, w_s_stride,
-    G: tl.constexpr, E: tl.constexpr, PRECISION: tl.constexpr,
-    ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
-):  # fmt: skip
-    p = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    live = p < rows
-    req = tl.load(Req + p, mask=live, other=0)
-    node = tl.load(Node + p, mask=live, other=0)
-    depth = tl.load(Depth + p, mask=live, other=0)
-    state = States + req * state_req_stride + node * state_slot_stride
-    e = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
-    rank_row = tl.where(e < E, e, -1)
-    acc, _, _ = _products(state, live, W_s, rank_row, 0, w_s_stride, G, 1, PRECISION, ROWS,
-                          UNITS, K)  # fmt: skip
-    cell = live[:, None] & (e < E)[None, :]
-    hid = HidPart + (req * hid_req_stride + depth * hid_depth_stride)[:, None] + e[None, :]
-    u = acc + tl.load(hid, mask=cell, other=0.0).to(tl.float32)
-    tl.store(U + p[:, None] * E + e[None, :], u * tl.sigmoid(u), mask=cell)
+@triton.jit
+def _correction_input(row, req, depth, UShares, HidPart, U, share_rows, hid_req_stride,
+                      hid_depth_stride, E: tl.constexpr, E_PAD: tl.constexpr,
+                      UNIT_BLOCKS: tl.constexpr):  # fmt: skip
+    """u = silu(W_h h_d + W_s S) of one row: the GRU's unit blocks' shares of W_s S summed
+    in block order (the same sums on every launch), into U [rows, E] float32."""
+    e = tl.arange(0, E_PAD)
+    valid = e < E
+    acc = tl.zeros([E_PAD], dtype=tl.float32)
+    for block in range(UNIT_BLOCKS):
+        acc += tl.load(UShares + (block * share_rows + row) * E + e, mask=valid, other=0.0)
+    hid = HidPart + req * hid_req_stride + depth * hid_depth_stride + e
+    u = acc + tl.load(hid, mask=valid, other=0.0).to(tl.float32)
+    tl.store(U + row * E + e, u * tl.sigmoid(u), mask=valid)
+    tl.debug_barrier()  # every thread's share of u stored before any reads it back
 
 
 @triton.jit
@@ -225,23 +239,27 @@ def _node_children(row, req, depth, U, ProjRows, Base, Cand, prefix_len, rows_re
 
 @triton.jit(do_not_specialize=["prefix_len", "budget", "max_depth", "state_scratch"])
 def _children(
-    Req, Node, Depth, U, ProjRows, Base, Cand, Values, Tokens,
+    Req, Node, Depth, UShares, HidPart, U, ProjRows, Base, Cand, Values, Tokens,
+    share_rows, hid_req_stride, hid_depth_stride,
     prefix_len, rows_req_stride, rows_depth_stride, base_req_stride, base_depth_stride,
     Expand, Trees, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq,
     Count, SpineTip, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
     width, budget, max_depth, state_scratch,
-    E: tl.constexpr, M: tl.constexpr, C: tl.constexpr, M_PAD: tl.constexpr,
-    C_PAD: tl.constexpr, E_STEP: tl.constexpr, POP: tl.constexpr, WIDTH: tl.constexpr,
+    E: tl.constexpr, E_PAD: tl.constexpr, UNIT_BLOCKS: tl.constexpr, M: tl.constexpr,
+    C: tl.constexpr, M_PAD: tl.constexpr, C_PAD: tl.constexpr, E_STEP: tl.constexpr,
+    POP: tl.constexpr, WIDTH: tl.constexpr,
 ):  # fmt: skip
-    """Program per row: the children of the row's node (u from _correction_input).
-    Without POP they are stored (Values [rows, C] float64, Tokens [rows, C]: the host
-    heap's call); with POP they go straight into the device builder's pop on the row's
-    frontier (kernels/tree_pop.py; Expand, the frontier and Out*), which writes the next
-    pop's step inputs. Both compile the same children code, so both builders see the
-    same children."""
+    """Program per row: u from the GRU step's shares (_correction_input), then the
+    children of the row's node. Without POP they are stored (Values [rows, C] float64,
+    Tokens [rows, C]: the host heap's call); with POP they go straight into the device
+    builder's pop on the row's frontier (kernels/tree_pop.py; Expand, the frontier and
+    Out*), which writes the next pop's step inputs. Both compile the same children code,
+    so both builders see the same children."""
     row = tl.program_id(0)
     req = tl.load(Req + row)
     depth = tl.load(Depth + row)
+    _correction_input(row, req, depth, UShares, HidPart, U, share_rows, hid_req_stride,
+                      hid_depth_stride, E, E_PAD, UNIT_BLOCKS)  # fmt: skip
     values, tokens = _node_children(
         row, req, depth, U, ProjRows, Base, Cand, prefix_len, rows_req_stride,
         rows_depth_stride, base_req_stride, base_depth_stride, E, M, C, M_PAD, C_PAD, E_STEP,
@@ -260,11 +278,11 @@ def _children(
 
 
 class DominoStep:
-    """The conditional scorer's per-node step as three launches (CUDA, restricted to
-    the top-M candidates): `gru`, then `children` (u, then the children, which may end
-    with the device builder's pop). Buffers and weights are the scorer's own; a call of
-    the step itself writes the nodes' states and returns the children (log-probs [p, C]
-    float64, tokens [p, C])."""
+    """The conditional scorer's per-node step as two launches (CUDA, restricted to the
+    top-M candidates): `gru` (with its shares of u), then `children` (u, then the
+    children, which may end with the device builder's pop). Buffers and weights are the
+    scorer's own; a call of the step itself writes the nodes' states and returns the
+    children (log-probs [p, C] float64, tokens [p, C])."""
 
     def __init__(self, scorer, max_rows: int):
         head = scorer.head
@@ -278,14 +296,19 @@ class DominoStep:
         device = head.w_ih.device
         c = scorer.max_children
         self.u = torch.zeros(max_rows, self.rank, device=device, dtype=torch.float32)
+        # Each GRU unit block's share of u per row: [unit blocks, max_rows, E] float32.
+        self.unit_blocks = triton.cdiv(self.gru_units, UNITS_BLOCK)
+        self.max_rows = max_rows
+        self.u_shares = torch.zeros(
+            self.unit_blocks, max_rows, self.rank, device=device, dtype=torch.float32
+        )
         # The GRU step's split reduction: partial products of up to MAX_SPLITS splits of
         # one row block, or of one split of every row block; a counter per (row block,
         # unit block), zero between launches.
         row_blocks = triton.cdiv(max_rows, ROWS_BLOCK)
         self.partial_rows = max(MAX_SPLITS, row_blocks) * ROWS_BLOCK
         self.partials = torch.zeros(6 * self.partial_rows, self.gru_units, device=device)
-        unit_blocks = triton.cdiv(self.gru_units, UNITS_BLOCK)
-        self.counters = torch.zeros(row_blocks * unit_blocks, device=device, dtype=torch.int32)
+        self.counters = torch.zeros(row_blocks * self.unit_blocks, device=device, dtype=torch.int32)
         self.values = torch.zeros(max_rows, c, device=device, dtype=torch.float64)
         self.tokens = torch.zeros(max_rows, c, device=device, dtype=torch.long)
         # The kernels index the scorer's tables by their strides, the candidates' with the
@@ -303,53 +326,54 @@ class DominoStep:
         return self.values[:p], self.tokens[:p]
 
     def gru(self, req, node, parent, token) -> None:
-        """States[req, node] = GRU(embed[token], states[req, parent]) for [p] rows."""
+        """States[req, node] = GRU(embed[token], states[req, parent]) for [p] rows, and
+        each unit block's share of the rows' u (self.u_shares, read by `children`)."""
         req, node, parent, token = (t.contiguous() for t in (req, node, parent, token))
         s = self.scorer
         p = req.shape[0]
         states = s.states
         splits = self.splits(p)
-        _gru_step[(triton.cdiv(self.gru_units, UNITS_BLOCK), splits, triton.cdiv(p, ROWS_BLOCK))](
+        _gru_step[(self.unit_blocks, splits, triton.cdiv(p, ROWS_BLOCK))](
             token, req, parent, node, s.embed_tokens, states, self.w_ih, self.w_hh,
-            self.partials, self.counters,
+            self.partials, self.counters, self.w_s, self.u_shares,
             p, self.partial_rows // splits, s.embed_tokens.stride(0), states.stride(0),
-            states.stride(1),
-            H=self.hidden, G=self.gru_units, PRECISION=self.precision,
+            states.stride(1), self.w_s.stride(0), self.max_rows,
+            H=self.hidden, G=self.gru_units, E=self.rank, E_PAD=self._e_pad(),
+            PRECISION=self.precision,
             ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK, SPLITS=splits,
             H_SPLIT=_split_width(self.hidden, splits),
             G_SPLIT=_split_width(self.gru_units, splits),
         )  # fmt: skip
 
     def children(self, req, node, depth, pop: PopTables | None = None) -> None:
-        """The children of [p] rows' nodes (contiguous, states updated), two launches:
-        u, then the correction, the top C and, with `pop`, the device builder's pop on
-        its frontier (kernels/tree_pop.py); without it into self.values / self.tokens."""
+        """The children of [p] rows' nodes (contiguous; states and u's shares written by
+        `gru`), one launch: u, the correction, the top C and, with `pop`, the device
+        builder's pop on its frontier (kernels/tree_pop.py); without it into self.values /
+        self.tokens."""
         s = self.scorer
         p = req.shape[0]
-        states, c = s.states, s.max_children
-        _correction_input[(triton.cdiv(self.rank, UNITS_BLOCK), triton.cdiv(p, ROWS_BLOCK))](
-            req, node, depth, states, s.hid_part, self.w_s, self.u,
-            p, states.stride(0), states.stride(1), s.hid_part.stride(0), s.hid_part.stride(1),
-            self.w_s.stride(0),
-            G=self.gru_units, E=self.rank, PRECISION=self.precision,
-            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK,
-        )  # fmt: skip
+        c = s.max_children
         # Without the pop its pointers are never read: any tensors stand in.
         frontier = pop.frontier if pop else (self.values,) * 10
         seqs = (pop.record_seq, pop.pop_seq) if pop else (self.tokens,) * 2
         out = pop.out if pop else (self.tokens,) * 5
         width = frontier[0].shape[1]
         _children[(p,)](
-            req, node, depth, self.u, s.proj_rows, s.base, s.cand, self.values, self.tokens,
+            req, node, depth, self.u_shares, s.hid_part, self.u, s.proj_rows, s.base, s.cand,
+            self.values, self.tokens, self.max_rows, s.hid_part.stride(0), s.hid_part.stride(1),
             s.prefix_len, s.proj_rows.stride(0), s.proj_rows.stride(1), s.base.stride(0),
             s.base.stride(1),
             pop.expand if pop else node, *frontier, *seqs, *out,
             width, pop.budget if pop else 0, pop.max_depth if pop else 0, s.scratch_slot,
-            E=self.rank, M=s.width, C=c,
+            E=self.rank, E_PAD=self._e_pad(), UNIT_BLOCKS=self.unit_blocks, M=s.width, C=c,
             M_PAD=triton.next_power_of_2(s.width), C_PAD=triton.next_power_of_2(c),
             E_STEP=min(E_BLOCK, triton.next_power_of_2(self.rank)),
             POP=pop is not None, WIDTH=triton.next_power_of_2(width),
         )  # fmt: skip
+
+    def _e_pad(self) -> int:
+        """The correction's rank padded for a tensor-core product (at least 16)."""
+        return max(16, triton.next_power_of_2(self.rank))
 
     def splits(self, p: int) -> int:
         """Splits of the GRU step's reduction for p rows: enough programs to fill the GPU

@@ -13,8 +13,8 @@ pop there, and writes the rows back once (no store is read back within the progr
 
 It also gives the next pop's scorer step its inputs, as the torch version does: the new
 node, or the scorer's scratch state slot where nothing expands, and its depth (0 there).
-With the Triton node step a pop is then three launches: the GRU, u, and the children
-with this pop.
+With the Triton node step a pop is then two launches: the GRU (with its shares of u),
+and u with the children and this pop.
 """
 
 from __future__ import annotations

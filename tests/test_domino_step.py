@@ -1,4 +1,4 @@
-"""Domino's per-node step as three Triton launches (kernels/domino_step.py), on the CPU
+"""Domino's per-node step as two Triton launches (kernels/domino_step.py), on the CPU
 under Triton's interpreter, in float32: the torch step's states, log-probs and tokens,
 and the host heap's trees from the device builder. (The interpreter multiplies bfloat16
 tiles wrongly in Triton 3.9, so bfloat16 is checked on the H200: tests/gpu.)"""

@@ -104,11 +104,17 @@ def test_two_runs_compare_prompt_by_prompt_and_must_measure_the_same_prompts(
         compare_runs.main()
 
 
-def test_a_method_may_name_a_draft_vocabulary():
+def test_a_method_may_name_a_draft_vocabulary_and_candidates():
     assert harness.method_spec("conditional-4-v8192") == {
         **harness.METHODS["conditional-4"],
         "draft_vocab": 8192,
     }
+    assert harness.method_spec("conditional-4-m16-v8192") == {
+        **harness.METHODS["conditional-4"],
+        "candidates": 16,
+        "draft_vocab": 8192,
+    }
     assert harness.known_method("conditional-16-v0") == "conditional-16-v0"
-    with pytest.raises(harness.argparse.ArgumentTypeError, match="unknown method"):
-        harness.known_method("no-spec-v8192")
+    for name in ("no-spec-v8192", "ngram-m16", "conditional-4-x16"):
+        with pytest.raises(harness.argparse.ArgumentTypeError, match="unknown method"):
+            harness.known_method(name)

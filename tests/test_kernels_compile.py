@@ -154,23 +154,21 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank):
     tiles = dict(ROWS=domino_step.ROWS_BLOCK, UNITS=domino_step.UNITS_BLOCK, K=domino_step.K_BLOCK)
     rows = dict(Tokens="*i64", Req="*i64", Parent="*i64", Node="*i64", Depth="*i64")
     weights = dict(Embed=f"*{dtype}", States=f"*{dtype}", W_ih=f"*{dtype}", W_hh=f"*{dtype}")
-    weights.update(Partials="*fp32", Counters="*i32")
+    weights.update(Partials="*fp32", Counters="*i32", W_s=f"*{dtype}", UShares="*fp32")
+    e_pad = max(16, triton.next_power_of_2(rank))
     for splits in (1, 4):  # the reduction whole, and split with a counted merge
         widths = dict(
             H_SPLIT=domino_step._split_width(hidden, splits),
             G_SPLIT=domino_step._split_width(gru, splits),
         )
-        constexprs = dict(H=hidden, G=gru, PRECISION=precision, SPLITS=splits, **widths)
+        constexprs = dict(H=hidden, G=gru, E=rank, E_PAD=e_pad, PRECISION=precision)
+        constexprs.update(SPLITS=splits, **widths)
         gru_step = compiled(domino_step._gru_step, {**rows, **weights}, {**constexprs, **tiles})
         assert gru_step.asm["cubin"] and gru_step.metadata.shared <= H200_SHARED
-    types = dict(rows, States=f"*{dtype}", HidPart=f"*{dtype}", W_s=f"*{dtype}", U="*fp32")
-    correction = compiled(
-        domino_step._correction_input, types, dict(G=gru, E=rank, PRECISION=precision, **tiles)
-    )
-    assert correction.asm["cubin"] and correction.metadata.shared <= H200_SHARED
     # The children alone (the host heap's call) and ending with the builder's pop, for
-    # budget 16 with 16 children and budget 64 with 4.
-    types = dict(rows, U="*fp32", ProjRows=f"*{dtype}", Base=f"*{dtype}", Cand="*i64")
+    # budget 16 with 16 children and budget 64 with 4; u from the GRU step's shares.
+    types = dict(rows, UShares="*fp32", HidPart=f"*{dtype}", U="*fp32")
+    types.update(ProjRows=f"*{dtype}", Base=f"*{dtype}", Cand="*i64")
     types.update(Values="*fp64", Expand="*i1", Trees="*i64", Parents="*i64", Depths="*i64")
     types.update(Scores="*fp64", ChildLogprobs="*fp64", ChildTokens="*i64", NextRank="*i64")
     types.update(PushSeq="*i64", Count="*i64", SpineTip="*i64", RecordSeq="*i64")
@@ -179,7 +177,10 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank):
     e_step = min(domino_step.E_BLOCK, triton.next_power_of_2(rank))
     for pop, budget, children in ((False, 16, 16), (True, 16, 16), (True, 64, 4)):
         width = triton.next_power_of_2(budget + 2)  # the tree's slots and the scratch slot
-        constexprs = dict(E=rank, M=64, C=children, M_PAD=64, C_PAD=children, E_STEP=e_step)
+        constexprs = dict(
+            E=rank, E_PAD=e_pad, UNIT_BLOCKS=triton.cdiv(gru, domino_step.UNITS_BLOCK)
+        )
+        constexprs.update(M=64, C=children, M_PAD=64, C_PAD=children, E_STEP=e_step)
         constexprs.update(POP=pop, WIDTH=width)
         kernel = compiled(domino_step._children, types, constexprs)
         assert kernel.asm["cubin"] and kernel.metadata.shared <= H200_SHARED

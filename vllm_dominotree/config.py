@@ -99,7 +99,7 @@ def _kernel_switch(variable: str, default: str = "torch") -> str:
 def node_step() -> str:
     """How the conditional scorer computes a node's children (tree/scorers.py), from the
     environment's DOMINOTREE_NODE_STEP: "torch" (default: the torch step, compiled on
-    CUDA) or "triton" (three Triton launches per pop: the GRU, u, then the children with the
+    CUDA) or "triton" (two Triton launches per pop: the GRU, then u and the children with the
     builder's bookkeeping, kernels/domino_step.py and kernels/tree_pop.py; CUDA, with a
     top-M restriction). Not the default until it builds faster: its first version built a
     budget-16 tree in 1.65 ms at batch 1 against the torch step's 1.07 (H200,

@@ -1,4 +1,4 @@
-"""Domino's per-node step as three Triton launches (kernels/domino_step.py), compiled on
+"""Domino's per-node step as two Triton launches (kernels/domino_step.py), compiled on
 the H200, against the torch step: the released Qwen3-4B drafter's shapes and the shipped
 SmolLM2 drafter's, float32 (the same tokens, ties in candidate order) and bfloat16 (the
 kernels keep float32 where the torch step rounds to bfloat16: log-probs within 0.1, the

@@ -56,7 +56,7 @@ class DominoTreeStats:
     # Triton tree kernel) or "cpu".
     tree_attention: str = ""
     # How the scorer computes a node's children (tree/scorers.py): "torch" (the compiled
-    # torch step), "triton" (three launches per pop, not yet the default) or "table"
+    # torch step), "triton" (two launches per pop, not yet the default) or "table"
     # (marginal: per-depth tables).
     scorer_step: str = ""
     # How a step's trees are accepted (config.accept_kernel): "torch", "triton".

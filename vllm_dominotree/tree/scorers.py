@@ -160,7 +160,7 @@ class ConditionalScorer:
         vocab_ids: torch.Tensor | None = None,
         step_dtype: torch.dtype | None = None,
     ):
-        """kernels: the per-node step as three Triton launches (kernels/domino_step.py;
+        """kernels: the per-node step as two Triton launches (kernels/domino_step.py;
         needs a top-M restriction; tests run them on CPU under Triton's interpreter).
         vocab_ids: [S] the draft vocabulary's token ids (None: the whole vocabulary).
         step_dtype: the per-node step's dtype (None: the head's); the CPU engine takes
@@ -201,7 +201,7 @@ class ConditionalScorer:
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
         self._chain = compiled(self._chain_rows, device)
         # The per-node step: the torch step below, compiled on CUDA, or with `kernels`
-        # three Triton launches. Not the default: inside the builder's graph on the H200
+        # two Triton launches. Not the default: inside the builder's graph on the H200
         # it wins 8% at budget 16 up to batch 16 and loses at batch 64 and at budget 64
         # (1.05 vs 1.14 ms at batch 1, 3.22 vs 3.13 at batch 64, 3.97 vs 3.05 at budget
         # 64; benchmarks/results/h200_2026-12-03b); builder_bench.py --steps measures both,
