@@ -19,6 +19,8 @@
 #                     three methods fit a call: `--methods ar dflash`, then others)
 #   builder [ARGS]    benchmarks/builder_bench.py (the device builder against the host heap;
 #                     `--profile`: each device build's kernels) -> $OUT/builder/
+#   vocab-topk [ARGS] benchmarks/vocab_topk_bench.py (the per-depth top M: torch.topk
+#                     against two stages over chunks, in CUDA graphs) -> $OUT/vocab_topk/
 #   rounding [ARGS]   benchmarks/tree_rounding_bench.py (tree rows' bf16 rounding against
 #                     FA3's decoding, and the fix-up's / paths' GPU time) -> $OUT/rounding/
 #   exactness [ARGS]  benchmarks/fa3_exactness_bench.py (the FA3-rounded fix-up's variants
@@ -258,6 +260,9 @@ $e::test_paths_attention_refused_without_fa3"
   builder)
     python3 benchmarks/builder_bench.py --out "$OUT/builder" "$@" 2>&1 | quiet
     ;;
+  vocab-topk)
+    python3 benchmarks/vocab_topk_bench.py --out "$OUT/vocab_topk" "$@" 2>&1 | quiet
+    ;;
   before)
     PYTHONPATH=$(before_path) "$@"
     ;;
@@ -352,7 +357,7 @@ print(max(rows, key=lambda r: r['chain_accept_corrected'])['drafter'])" "$OUT/tr
     xz -T0 -c "$work/data.jsonl" | split -b 15m - "$OUT/data.jsonl.xz."
     ;;
   *)
-    echo "unknown job '$job': tests, round-cost, exactness, round-cost-before, builder, rounding, probe, before," \
+    echo "unknown job '$job': tests, round-cost, exactness, round-cost-before, builder, vocab-topk, rounding, probe, before," \
       "train MINUTES," \
       "harness, data, serve PAIR, parallel 'JOB ARGS' ..., suite, bf16-variant ID" >&2
     exit 2
