@@ -7,10 +7,11 @@ For each method one engine (eager) decodes the same prompts greedily, once as a 
 and once one request at a time; reported: decode tokens/s, the mean accept length
 (tokens committed per verification, bonus included) from vLLM's spec-decode counters,
 whether the output equals the no-speculation engine's (in bfloat16 it need not), and
-the plugin's stage clock: ms per verification step in verify (the target's forward with
-the tree attention), draft, build and accept. Pairs: the toy pair (toy_pair.py; prompts
-of random ids) or SmolLM2-135M-Instruct with its shipped drafter (the demo's chat
-prompts). Writes NAME.json and NAME.md (NAME: --name).
+the plugin's stage clock per mode: ms per verification step in verify (the target's
+forward with the tree attention), draft, build and accept, and the whole step (for no
+speculation: the ms of a decode step, from its tokens per second). Pairs: the toy pair
+(toy_pair.py; prompts of random ids) or SmolLM2-135M-Instruct with its shipped drafter
+(the demo's chat prompts). Writes NAME.json and NAME.md (NAME: --name).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ METHODS = {
     **{f"conditional-b{b}": {"scorer": "conditional", "budget": b} for b in (2, 8, 16, 32)},
 }
 DEFAULT_METHODS = ["no-spec", "chain", "marginal", "conditional", "conditional-b32"]
-STAGES = ("verify", "draft", "build", "accept")
+STAGES = ("verify", "draft", "build", "accept", "step")
+
+
+def stage_clock(llm) -> tuple[int, dict[str, float]]:
+    """The plugin's verification steps and stage seconds so far."""
+    stats = llm.collective_rpc("dominotree_stats")[0]
+    return stats["steps"], dict(stats["stage_seconds"])
 
 
 def toy_prompts(n: int) -> list[list[int]]:
@@ -67,6 +74,7 @@ def run_method(name, options, dirs, prompts, args):
     row = {"method": name}
     outputs = None
     for mode, groups in (("batch", [batch]), ("single", [[p] for p in batch])):
+        clock = stage_clock(llm) if spec is not None else None
         start = time.perf_counter()
         done = [llm.generate(g, params, use_tqdm=False) for g in groups]
         seconds = time.perf_counter() - start
@@ -75,13 +83,20 @@ def run_method(name, options, dirs, prompts, args):
         # float32 output does not depend on the batch; bfloat16 output may (no check).
         assert args.dtype != "float32" or result == outputs, f"{name}: batch != single"
         row[f"{mode}_tok_s"] = sum(map(len, result)) / seconds
+        if clock is None:  # a decode step makes one token per running request
+            running = len(batch) if mode == "batch" else 1
+            row[f"{mode}_stage_ms"] = {"step": 1e3 * running / row[f"{mode}_tok_s"]}
+        else:
+            (steps, start_s), (steps_after, end_s) = clock, stage_clock(llm)
+            row[f"{mode}_stage_ms"] = {
+                s: 1e3 * (end_s.get(s, 0.0) - start_s.get(s, 0.0)) / max(1, steps_after - steps)
+                for s in STAGES
+            }
     drafts, accepted = (now - then for now, then in zip(spec_counters(llm), before, strict=True))
     row["accept_length"] = 1 + accepted / drafts if drafts else 1.0
     if spec is not None:
         stats = llm.collective_rpc("dominotree_stats")[0]
         row["tree_stats"] = stats
-        steps = max(1, stats["steps"])
-        row["stage_ms"] = {s: 1e3 * stats["stage_seconds"].get(s, 0.0) / steps for s in STAGES}
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
@@ -144,11 +159,12 @@ def main() -> None:
         f"# vLLM CPU engine, {meta['pair']} ({meta['machine']})",
         "",
         f"`{meta['command']}`: {len(prompts)} prompts, {args.max_tokens} greedy tokens each;",
-        "batch = all prompts in one generate call, single = one request at a time; stage",
-        "columns: ms per verification step (both modes), from the plugin's stage clock.",
+        "batch = all prompts in one generate call, single = one request at a time; ms per",
+        f"step ({' / '.join(STAGES)}) from the plugin's stage clock, per mode (no-spec: the",
+        "step's ms from its tokens per second).",
     ]
     header = ["method", "accept length", "batch tok/s", "speedup", "single tok/s", "speedup"]
-    header += [f"{s} ms" for s in STAGES] + ["== no-spec"]
+    header += [f"batch ms: {' / '.join(STAGES)}", "single ms: same", "== no-spec"]
     table = [
         [
             r["method"],
@@ -157,7 +173,12 @@ def main() -> None:
             f"{r['batch_speedup']:.2f}x",
             f"{r['single_tok_s']:.0f}",
             f"{r['single_speedup']:.2f}x",
-            *(f"{r['stage_ms'][s]:.1f}" if "stage_ms" in r else "" for s in STAGES),
+            *(
+                " / ".join(
+                    f"{r[f'{mode}_stage_ms'][s]:.1f}" for s in STAGES if s in r[f"{mode}_stage_ms"]
+                )
+                for mode in ("batch", "single")
+            ),
             r["equals_no_spec"],
         ]
         for r in rows
