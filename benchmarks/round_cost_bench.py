@@ -367,8 +367,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
             }
             if base not in PLUGIN_METHODS and not args.no_split:
                 # vLLM's own methods and the plugin's on V2: the GPU's kernel time (their
-                # workers carry the benchmark's trace extension), by stage where the
-                # runner names its stages (the plugin's V2 runner; vLLM's: all "outside").
+                # workers carry the benchmark's trace extension) and the host's, by stage:
+                # the plugin's V2 stages, and vLLM's runners labelled at the same points
+                # (verify: the target's forward, sample, draft: the drafter's propose).
                 llm.collective_rpc("kernel_trace", args=(True,))
                 _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
                 trace = llm.collective_rpc("kernel_trace", args=(False,))[0]
@@ -376,6 +377,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row |= counts_per_step(trace, traced)  # like the plugin's rows
                 row["kernel_ms_per_round_by_stage"] = {
                     k: v / traced for k, v in trace["kernel_ms_by_stage"].items()
+                }
+                row["host_ms_per_round_by_stage"] = {
+                    k: v / traced for k, v in trace["host_ms"].items()
                 }
                 row["top_kernels_per_round_by_stage"] = per_round_kernels(
                     trace["top_kernels_by_stage"], traced

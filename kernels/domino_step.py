@@ -291,6 +291,7 @@ class DominoStep:
         self.w_s = scorer.w_state  # [E, G], a view of embed_proj.0 (row stride H + G)
         self.hidden, self.gru_units = head.w_ih.shape[1], head.w_hh.shape[1]
         self.rank = self.w_s.shape[0]
+        self.e_pad = max(16, triton.next_power_of_2(self.rank))  # for a tensor-core product
         # float32 drafters multiply in IEEE float32 (tensor cores would round to TF32)
         self.precision = "ieee" if head.w_ih.dtype == torch.float32 else "tf32"
         device = head.w_ih.device
@@ -338,7 +339,7 @@ class DominoStep:
             self.partials, self.counters, self.w_s, self.u_shares,
             p, self.partial_rows // splits, s.embed_tokens.stride(0), states.stride(0),
             states.stride(1), self.w_s.stride(0), self.max_rows,
-            H=self.hidden, G=self.gru_units, E=self.rank, E_PAD=self._e_pad(),
+            H=self.hidden, G=self.gru_units, E=self.rank, E_PAD=self.e_pad,
             PRECISION=self.precision,
             ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK, SPLITS=splits,
             H_SPLIT=_split_width(self.hidden, splits),
@@ -365,15 +366,11 @@ class DominoStep:
             s.base.stride(1),
             pop.expand if pop else node, *frontier, *seqs, *out,
             width, pop.budget if pop else 0, pop.max_depth if pop else 0, s.scratch_slot,
-            E=self.rank, E_PAD=self._e_pad(), UNIT_BLOCKS=self.unit_blocks, M=s.width, C=c,
+            E=self.rank, E_PAD=self.e_pad, UNIT_BLOCKS=self.unit_blocks, M=s.width, C=c,
             M_PAD=triton.next_power_of_2(s.width), C_PAD=triton.next_power_of_2(c),
             E_STEP=min(E_BLOCK, triton.next_power_of_2(self.rank)),
             POP=pop is not None, WIDTH=triton.next_power_of_2(width),
         )  # fmt: skip
-
-    def _e_pad(self) -> int:
-        """The correction's rank padded for a tensor-core product (at least 16)."""
-        return max(16, triton.next_power_of_2(self.rank))
 
     def splits(self, p: int) -> int:
         """Splits of the GRU step's reduction for p rows: enough programs to fill the GPU

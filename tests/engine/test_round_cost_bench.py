@@ -103,6 +103,14 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             # per step as the plugin's are (zeros: no CUDA calls on this machine).
             assert r["kernel_ms_per_round"] == 0
             assert r["per_step"] == dict.fromkeys(STEP_COUNTS, 0)
+            # Their runners labelled where the plugin's V2 runner names its stages: the
+            # host's ms in each, the drafter's inside sample (where vLLM proposes).
+            host = r["host_ms_per_round_by_stage"]
+            stages = {"verify", "sample", "draft"} if base == "dflash" else {"verify", "sample"}
+            assert set(host) == stages, host
+            assert all(v > 0 for v in host.values()), host
+            if base == "dflash":
+                assert host["draft"] < host["sample"], host
         assert r["host_waits_by_scope"] == {}
         if base in PAPER_TAU:
             ar = next(a for a in rows if a["method"] == "ar" and a["batch"] == r["batch"])

@@ -19,6 +19,7 @@ VLLM_CUSTOM_SCOPES_FOR_PROFILING=1.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import defaultdict
 
 from ..stage_clock import LABEL_PREFIX
@@ -111,6 +112,37 @@ class LaunchTrace:
         }
 
 
+# Where the plugin's V2 runner names its stages (v2_runner.py: execute_model "verify",
+# sample_tokens "sample"; v2_speculator.py: the speculator's propose "draft"), vLLM's own
+# runners are labelled alike while traced, so a benchmark splits both rounds the same way.
+VLLM_STAGES = (("execute_model", "verify"), ("sample_tokens", "sample"))
+
+
+def _labelled(method, stage: str):
+    import torch
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        with torch.profiler.record_function(LABEL_PREFIX + stage):
+            return method(*args, **kwargs)
+
+    return call
+
+
+def label_vllm_stages(runner, on: bool) -> None:
+    """Wrap (on) or unwrap a vLLM runner's stage methods, and its drafter's propose (V2:
+    `speculator`, V1: `drafter`), in profiler ranges named as the plugin's stages."""
+    drafter = getattr(runner, "speculator", None) or getattr(runner, "drafter", None)
+    targets = [(runner, method, stage) for method, stage in VLLM_STAGES]
+    if drafter is not None:
+        targets.append((drafter, "propose", "draft"))
+    for owner, method, stage in targets:
+        if on:
+            setattr(owner, method, _labelled(getattr(owner, method), stage))
+        else:
+            vars(owner).pop(method, None)  # the class's method again
+
+
 class KernelTraceExtension:
     """A vLLM worker extension (`worker_extension_cls`) for benchmarks: LaunchTrace on
     any engine's worker, vLLM's own methods' included, through
@@ -118,16 +150,20 @@ class KernelTraceExtension:
 
     def kernel_trace(self, enabled: bool) -> dict | None:
         # The plugin's V2 runner names its stages while traced (v2_runner.py); vLLM's
-        # own runners have no stage clock, and their kernels are all "outside".
+        # own runners are labelled at the same points meanwhile.
         clock = getattr(self.model_runner, "stage_clock", None)
         if enabled:
             self._kernel_trace = LaunchTrace()
             self._kernel_trace.start()
             if clock is not None:
                 clock.labels = True
+            else:
+                label_vllm_stages(self.model_runner, on=True)
             return None
         if clock is not None:
             clock.labels = False
+        else:
+            label_vllm_stages(self.model_runner, on=False)
         return self._kernel_trace.stop()
 
 
