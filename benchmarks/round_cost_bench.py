@@ -448,6 +448,16 @@ def trees_cell(row: dict) -> str:
     return cell + (f", {share:.0%} one pass" if share != "" else "")
 
 
+def verify_vs_dflash(row: dict, rows: list[dict]) -> float | None:
+    """The row's verification against vLLM dflash's at the same batch: GPU kernel ms in
+    the "verify" stage (the target's forward; vLLM's runner labelled alike while traced),
+    None where either was not traced on a GPU."""
+    dflash = next((r for r in rows if r["method"] == "dflash" and r["batch"] == row["batch"]), {})
+    theirs = dflash.get("kernel_ms_per_round_by_stage", {}).get("verify")
+    ours = row.get("kernel_ms_per_round_by_stage", {}).get("verify")
+    return ours / theirs if ours and theirs else None
+
+
 def report(rows: list[dict], args) -> None:
     ar = {r["batch"]: r["ms_per_round"] for r in rows if r["method"] == "ar"}
     for r in rows:
@@ -495,6 +505,8 @@ def report(rows: list[dict], args) -> None:
         cells.append(trees_cell(r))
         ratio = r["ms_per_round"] / dflash[r["batch"]] if r["batch"] in dflash else None
         cells.append(f"{ratio:.2f}x" if ratio else "-")
+        verify = verify_vs_dflash(r, rows)
+        cells.append(f"{verify:.2f}x" if verify else "-")
         proj = r.get("projection")
         proj_cell = (
             (
@@ -528,6 +540,7 @@ def report(rows: list[dict], args) -> None:
         "eager launches / torch ops per step by stage (traced)",
         "trees: attention, mean leaves, one-pass steps",
         "vs dflash",
+        "verify vs dflash's (GPU kernel ms)",
         "projected speedup (paper tau)",
     ]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"

@@ -22,6 +22,7 @@ from round_cost_bench import (  # noqa: E402
     split_variants,
     tree_fields,
     trees_cell,
+    verify_vs_dflash,
 )
 
 # A variant too: synchronous scheduling (the CPU's anyway), vLLM's drafter pass, the
@@ -201,3 +202,16 @@ def test_methods_of_several_calls_make_one_table(tmp_path):
         ("ar", 3.5),
         ("dflash", 4.5),
     ]
+
+
+def test_verification_is_compared_with_dflashs_at_the_same_batch():
+    def row(method, batch, verify=None):
+        stages = {} if verify is None else {"verify": verify, "draft": 1.0}
+        return {"method": method, "batch": batch, "kernel_ms_per_round_by_stage": stages}
+
+    rows = [row("dflash", 1, 4.0), row("dflash", 16, 5.0), row("conditional", 1, 4.2)]
+    rows += [row("conditional", 16, 6.0), row("chain", 4, 3.0), row("ar", 1)]
+    assert verify_vs_dflash(rows[2], rows) == 4.2 / 4.0
+    assert verify_vs_dflash(rows[3], rows) == 6.0 / 5.0
+    assert verify_vs_dflash(rows[4], rows) is None  # no dflash row at batch 4
+    assert verify_vs_dflash(rows[5], rows) is None  # no verify stage traced (CPU)
