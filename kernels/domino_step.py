@@ -45,7 +45,11 @@ ROWS_BLOCK = 16  # rows per program of the two products (tensor-core tiles: >= 1
 GRU_PROGRAMS = 256  # programs the GRU step aims for (its reduction split to get there)
 MAX_SPLITS = 8
 UNITS_BLOCK = 16  # GRU hidden units, or correction-rank entries, per program
-K_BLOCK = 256  # reduction width per step of the products (few, large loads in flight)
+# Reduction width per step of the GRU's products, and its warps: at 256 and 4 warps ptxas
+# spilled (96 bytes a thread in bf16, 22 KB in float32, at 255 registers); at 128 and 8
+# warps nothing spills (150-252 registers), with as many threads per SM.
+K_BLOCK = 128
+GRU_WARPS = 8
 E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
 
 
@@ -341,7 +345,7 @@ class DominoStep:
             states.stride(1), self.w_s.stride(0), self.max_rows,
             H=self.hidden, G=self.gru_units, E=self.rank, E_PAD=self.e_pad,
             PRECISION=self.precision,
-            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK, SPLITS=splits,
+            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK, SPLITS=splits, num_warps=GRU_WARPS,
             H_SPLIT=_split_width(self.hidden, splits),
             G_SPLIT=_split_width(self.gru_units, splits),
         )  # fmt: skip

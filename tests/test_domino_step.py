@@ -18,8 +18,8 @@ from domino_step_checks import check_step_matches_torch, check_trees_equal_heap
 
 # (hidden, GRU, rank, vocabulary, candidates, rows): tiles cut at every edge (hidden not a
 # multiple of the reduction step, GRU and rank not of the unit block, a rank below it,
-# candidates not a power of two, two row blocks), and the GRU's reduction in two splits
-# (a hidden size of three reduction steps), with one and two row blocks
+# candidates not a power of two, two row blocks), and the GRU's reduction in four splits
+# (a hidden size of five reduction steps), with one and two row blocks
 shapes = [(72, 40, 24, 300, 64, 5), (40, 16, 8, 50, 49, 3), (24, 20, 36, 120, 32, 20)]
 shapes += [(600, 40, 24, 300, 64, 5), (600, 24, 16, 200, 64, 20)]
 for shape in shapes:
@@ -33,7 +33,7 @@ print("ok")
 def test_triton_step_matches_torch_and_builds_the_heaps_trees():
     out = run_interpreted(CHECKS)
     assert out.count("generation") == 15
-    assert out.count("GRU splits 2") == 2 * 3  # two shapes, three generations each
+    assert out.count("GRU splits 4") == 2 * 3  # two shapes, three generations each
 
 
 def test_triton_step_needs_a_top_m_restriction():

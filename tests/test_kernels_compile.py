@@ -149,7 +149,7 @@ def test_the_kv_move_compiles():
 # (hidden, GRU, correction rank): the released Qwen3-4B drafter's, the shipped SmolLM2's
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("hidden, gru, rank", [(2560, 1024, 256), (576, 256, 48)])
-def test_the_domino_step_compiles(dtype, hidden, gru, rank):
+def test_the_domino_step_compiles(dtype, hidden, gru, rank, tmp_path):
     precision = "ieee" if dtype == "fp32" else "tf32"
     tiles = dict(ROWS=domino_step.ROWS_BLOCK, UNITS=domino_step.UNITS_BLOCK, K=domino_step.K_BLOCK)
     rows = dict(Tokens="*i64", Req="*i64", Parent="*i64", Node="*i64", Depth="*i64")
@@ -163,8 +163,16 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank):
         )
         constexprs = dict(H=hidden, G=gru, E=rank, E_PAD=e_pad, PRECISION=precision)
         constexprs.update(SPLITS=splits, **widths)
-        gru_step = compiled(domino_step._gru_step, {**rows, **weights}, {**constexprs, **tiles})
+        gru_step = compiled(
+            domino_step._gru_step,
+            {**rows, **weights},
+            {**constexprs, **tiles},
+            num_warps=domino_step.GRU_WARPS,
+        )
         assert gru_step.asm["cubin"] and gru_step.metadata.shared <= H200_SHARED
+        # its products' tiles stay in registers (K_BLOCK and GRU_WARPS chosen for it)
+        usage = ptxas_usage(gru_step.asm["ptx"], tmp_path)
+        assert "0 bytes spill stores, 0 bytes spill loads" in usage, usage
     # The children alone (the host heap's call) and ending with the builder's pop, for
     # budget 16 with 16 children and budget 64 with 4; u from the GRU step's shares.
     types = dict(rows, UShares="*fp32", HidPart=f"*{dtype}", U="*fp32")
