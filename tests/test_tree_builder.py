@@ -388,3 +388,45 @@ def test_a_float32_step_over_a_bfloat16_head_builds_the_float32_heads_trees(head
         return as_tuples(host)
 
     assert trees(bf16_head, torch.float32) == trees(f32_head, None)
+
+
+@pytest.mark.parametrize("width, k", [(151936, 64), (32768, 64), (4096, 64), (1187, 8)])
+def test_top_of_vocab_by_chunks_gives_torch_topks_values(width, k):
+    """The two-stage top k (DOMINOTREE_VOCAB_TOPK=chunks) over [R, K, V] logits: torch.topk's
+    values best first, at distinct indices that hold them; a width with no power-of-two
+    chunks of CHUNK_LENGTH is taken whole."""
+    from vllm_dominotree.tree.scorers import CHUNK_LENGTH, top_of_vocab, vocab_chunks
+
+    chunks = vocab_chunks(width, k)
+    assert chunks == {151936: 64, 32768: 16, 4096: 2, 1187: 1}[width]
+    assert width // chunks >= CHUNK_LENGTH or chunks == 1
+    logits = 3 * torch.randn(2, 3, width, generator=torch.Generator().manual_seed(width))
+    logits = logits.bfloat16()  # ties among 151,936 bf16 logits are common
+    values, index = top_of_vocab(logits, k, "chunks")
+    assert torch.equal(values, logits.topk(k, dim=-1).values)
+    assert torch.equal(logits.gather(-1, index), values)
+    assert (index.sort(-1).values.diff(dim=-1) > 0).all()
+
+
+@pytest.mark.parametrize("kind", ["conditional", "marginal"])
+def test_trees_from_chunked_top_of_vocab_equal_torch_topks(head, kind, monkeypatch):
+    """Without ties in the logits (float32 random), the scorers' preparation by chunks
+    (chunks of 8 logits or more here, so that V = 40 splits) picks torch.topk's
+    candidates: both builders build torch.topk's trees."""
+    from vllm_dominotree.tree import scorers
+
+    monkeypatch.setattr(scorers, "CHUNK_LENGTH", 8)
+    shape = TreeShape(budget=12, max_depth=K, max_children=4)
+    hidden, base, embed, anchors = random_step(head, 3, seed=31)
+    trees = {}
+    for topk in ("torch", "chunks"):
+        scorer = make_scorer(
+            kind, head if kind == "conditional" else None, embed, shape=shape,
+            candidates=int(V * 0.4), prefix_len=1, max_requests=4, vocab_topk=topk,
+        )  # fmt: skip
+        width = scorer.width if kind == "conditional" else scorer.max_children
+        assert scorers.vocab_chunks(V, width) > 1
+        scorer.prepare(hidden, base)
+        trees[topk] = as_tuples(build_trees(scorer, anchors, shape))
+        assert as_tuples(device_trees(scorer, shape, anchors, max_requests=4)) == trees[topk]
+    assert trees["torch"] == trees["chunks"]
