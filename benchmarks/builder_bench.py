@@ -67,10 +67,9 @@ def build_kernels(builder, scorer, inputs, builds: int = 10) -> list[dict]:
     ]
 
 
-def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, topk, profile):
+def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, profile):
     """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton")
-    and top of the logits `topk` (tree/scorers.top_of_vocab) -> {builder: stats}, trees
-    equal (the device builder's kernels with `profile`)."""
+    -> {builder: stats}, trees equal (the device builder's kernels with `profile`)."""
     shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
     scorer = make_scorer(
         "conditional",
@@ -82,7 +81,6 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
         max_requests=batch,
         # (packages before the Triton step know only the torch step, and no `kernels`)
         **({"kernels": True} if step == "triton" else {}),
-        **({"vocab_topk": topk} if topk != "torch" else {}),
     )
     assert getattr(scorer, "step", "torch") == step
     builder = DeviceTreeBuilder(scorer, shape, chain=False, max_requests=batch, device=device)
@@ -114,7 +112,6 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
             "build_ms_p90": 1e3 * sorted(times)[int(0.9 * len(times))],
             "prepare_ms_median": 1e3 * statistics.median(prepare_times),
             "step": step,
-            "vocab_topk": topk,
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
@@ -138,8 +135,6 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, nargs="+", default=[32, 64, 128])
     # the scorer's per-node step: the compiled torch step, the Triton launches (CUDA)
     parser.add_argument("--steps", nargs="+", default=["torch"], choices=["torch", "triton"])
-    # the logits' top M in prepare: torch.topk, or two stages over chunks of each row
-    parser.add_argument("--topks", nargs="+", default=["torch"], choices=["torch", "chunks"])
     parser.add_argument("--profile", action="store_true", help="the build's kernels (CUDA)")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -160,11 +155,10 @@ def main() -> None:
             anchors = torch.randint(0, VOCAB, (batch,), device=device)
             inputs.append((hidden, base, anchors))
         for budget in args.budgets:
-            for m, step, topk in itertools.product(args.candidates, args.steps, args.topks):
+            for m, step in itertools.product(args.candidates, args.steps):
                 stats = measure(
-                    head, embed, device, batch, budget, m, args.rounds, inputs, step, topk,
-                    args.profile,
-                )  # fmt: skip
+                    head, embed, device, batch, budget, m, args.rounds, inputs, step, args.profile
+                )
                 for name in BUILDERS:
                     row = {
                         "batch": batch,
@@ -196,7 +190,6 @@ def main() -> None:
         "M",
         "builder",
         "node step",
-        "top M",
         "build ms (median)",
         "p90",
         "prepare ms",
@@ -209,7 +202,6 @@ def main() -> None:
             r["candidates"],
             r["builder"],
             r["step"],
-            r["vocab_topk"],
             f"{r['build_ms_median']:.3f}",
             f"{r['build_ms_p90']:.3f}",
             f"{r['prepare_ms_median']:.3f}",

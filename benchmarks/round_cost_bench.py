@@ -16,8 +16,7 @@ and no stock pass / the fix-up's kernel for every row and no stock pass / FA3 ov
 prefix plus the trees' own part, merged (kernels/tree_merge.py),
 `-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS), `-triton`
 with the conditional scorer's per-node step and the builder's pop as Triton launches
-(DOMINOTREE_NODE_STEP), `-topk-chunks` with the logits' top M by chunks
-(DOMINOTREE_VOCAB_TOPK), `-accept-torch` with the trees accepted by torch code instead of
+(DOMINOTREE_NODE_STEP), `-accept-torch` with the trees accepted by torch code instead of
 the Triton launch that is CUDA's default (DOMINOTREE_ACCEPT_KERNEL), e.g.
 `conditional-sync` or `conditional-one-pass-splits1`; and,
 last, `-vocabS` drafting from a draft vocabulary of S tokens (option draft_vocab; the
@@ -121,7 +120,6 @@ VARIANTS = {
     "-one-pass-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-fixup"}),
     "-one-pass-merge": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-merge"}),
     "-triton": ({}, {"DOMINOTREE_NODE_STEP": "triton"}),
-    "-topk-chunks": ({}, {"DOMINOTREE_VOCAB_TOPK": "chunks"}),
     "-accept-torch": ({}, {"DOMINOTREE_ACCEPT_KERNEL": "torch"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
 }
@@ -132,7 +130,6 @@ STEP_COUNTS = ("graph_launches", "kernel_launches", "host_waits", "memcpy_async"
 # A variant's environment variable -> the engine stat that names what the engine ran.
 VARIANT_STATS = {
     "DOMINOTREE_NODE_STEP": "scorer_step",
-    "DOMINOTREE_VOCAB_TOPK": "vocab_topk",
     "DOMINOTREE_ACCEPT_KERNEL": "accept_kernel",
     "DOMINOTREE_CUDA_TREE_ATTENTION": "tree_attention",
     "DOMINOTREE_PATH_SPLITS": "path_splits",

@@ -25,9 +25,18 @@ from pathlib import Path
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
-from vllm_dominotree.tree.scorers import two_stage_topk, vocab_chunks
-
 DEPTHS = 16
+
+
+def two_stage_topk(logits: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, V] -> the top k (values, indices) best first, by each of `chunks` equal
+    chunks' top k (V divisible by chunks), then the top k of those."""
+    rows, width = logits.shape
+    parts = logits.view(rows, chunks, width // chunks)
+    values, index = parts.topk(k, dim=-1, sorted=False)  # [rows, chunks, k]
+    offsets = torch.arange(chunks, device=logits.device) * (width // chunks)
+    best, at = values.flatten(1).topk(k, dim=-1)  # [rows, k]
+    return best, (index + offsets[:, None]).flatten(1).gather(1, at)
 
 
 def variants(width: int, chunk_counts: list[int]) -> dict[str, Callable]:
@@ -116,9 +125,7 @@ def main() -> None:
             f"# The vocabulary's top {args.m} per depth ({device_name}, bf16)",
             "",
             f"`{command_line()}`; {args.vocab} logits a row, median of {args.rounds} "
-            + ("CUDA graph replays." if cuda else "eager calls.")
-            + f" DOMINOTREE_VOCAB_TOPK=chunks takes {vocab_chunks(args.vocab, args.m)} chunks"
-            " here (tree/scorers.vocab_chunks).",
+            + ("CUDA graph replays." if cuda else "eager calls."),
         ],
     )
     if not all(r["is_the_top"] for r in rows):

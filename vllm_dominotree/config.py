@@ -118,25 +118,6 @@ def accept_kernel(cuda: bool) -> str:
     return _kernel_switch("DOMINOTREE_ACCEPT_KERNEL", "triton" if cuda else "torch")
 
 
-VOCAB_TOPK_CHOICES = ("torch", "chunks")
-
-
-def vocab_topk() -> str:
-    """How the scorers take each depth's top M (conditional) or top C (marginal) of the
-    drafter's logits (tree/scorers.top_of_vocab), from the environment's
-    DOMINOTREE_VOCAB_TOPK: "torch" (default: torch.topk over each row) or "chunks" (torch.topk
-    over equal chunks of each row, then over the chunks' tops: many short slices where a
-    batch-1 step has 16 rows of 151,936). Not the default until measured: torch.topk's
-    two multi-block kernels took 0.35 ms of a batch-1 round on the H200
-    (benchmarks/results/h200_2026-12-03c)."""
-    kind = os.environ.get("DOMINOTREE_VOCAB_TOPK", "torch")
-    if kind not in VOCAB_TOPK_CHOICES:
-        raise DominoTreeConfigError(
-            f"dominotree: DOMINOTREE_VOCAB_TOPK={kind!r}; use one of {VOCAB_TOPK_CHOICES}"
-        )
-    return kind
-
-
 @dataclass(frozen=True)
 class DominoTreeConfig:
     # Drafted nodes per tree (the verification pass checks budget + 1 rows).

@@ -185,18 +185,6 @@ def test_accept_kernel_switch_is_checked_at_engine_start(pair_dirs, monkeypatch,
     assert message in str(error.value)
 
 
-def test_vocab_topk_switch_is_checked_at_engine_start(pair_dirs, monkeypatch):
-    """DOMINOTREE_VOCAB_TOPK: a value it does not know is refused before any worker
-    starts, naming the variable and its choices."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    monkeypatch.setenv("DOMINOTREE_VOCAB_TOPK", "radix")
-    args = EngineArgs(model=pair_dirs["target"], speculative_config=dominotree(pair_dirs))
-    with pytest.raises(DominoTreeConfigError, match="DOMINOTREE_VOCAB_TOPK") as error:
-        args.create_engine_config()
-    assert "use one of ('torch', 'chunks')" in str(error.value)
-
-
 def test_accept_kernel_defaults_to_the_kernel_on_cuda_only(monkeypatch):
     """CUDA accepts with the fused kernel unless told otherwise; CPU with torch code."""
     monkeypatch.delenv("DOMINOTREE_ACCEPT_KERNEL", raising=False)

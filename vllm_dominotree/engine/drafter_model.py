@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-from ..config import DominoTreeConfigError, node_step, vocab_topk
+from ..config import DominoTreeConfigError, node_step
 from ..drafter.draft_vocab import draft_vocab_ids
 from ..drafter.model import DominoHead
 from ..tree.scorers import make_scorer
@@ -122,7 +122,6 @@ def drafter_scorer(
         max_requests=max_requests,
         kernels=options.scorer == "conditional" and node_step() == "triton",
         vocab_ids=vocab_ids,
-        vocab_topk=vocab_topk(),
         # CPU: float32 node steps (one-row bfloat16 products are slow there).
         step_dtype=torch.float32 if device.type == "cpu" else None,
     )

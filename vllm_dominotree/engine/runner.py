@@ -126,7 +126,6 @@ class DominoTreeRunnerMixin:
         install(self._verification)
         paths = self._verification.paths
         self._stats.scorer_step = self.drafter.scorer.step
-        self._stats.vocab_topk = self.drafter.scorer.vocab_topk
         self._stats.accept_kernel = accept_kernel(cuda)
         self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
         if paths is not None:

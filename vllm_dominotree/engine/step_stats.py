@@ -59,8 +59,6 @@ class DominoTreeStats:
     # torch step), "triton" (two launches per pop, not yet the default) or "table"
     # (marginal: per-depth tables).
     scorer_step: str = ""
-    # How the scorer takes its top of the logits (config.vocab_topk): "torch", "chunks".
-    vocab_topk: str = ""
     # How a step's trees are accepted (config.accept_kernel): "torch", "triton".
     accept_kernel: str = ""
     # Tokens the drafter's logits cover (its draft vocabulary, drafter/draft_vocab.py);

@@ -200,7 +200,6 @@ class DominoTreeV2RunnerMixin:
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
             "scorer_step": self.speculator.scorer.step,
-            "vocab_topk": self.speculator.scorer.vocab_topk,
             "draft_vocab": draft_vocab_size(self.speculator.scorer),
             "stage_seconds": dict(self.stage_clock.seconds),
         }

@@ -17,7 +17,7 @@ import functools
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
-from ..config import DominoTreeConfigError, accept_kernel, node_step, vocab_topk
+from ..config import DominoTreeConfigError, accept_kernel, node_step
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
@@ -55,7 +55,6 @@ def prepare_engine_args(args: EngineArgs) -> None:
             "DOMINOTREE_ACCEPT_KERNEL=triton accepts trees with a CUDA kernel; "
             "unset it (or set it to torch) on CPU"
         )
-    vocab_topk()  # an unknown value is refused here, before any worker starts
     vllm_spec, options = translate(args.speculative_config, on_cpu=current_platform.is_cpu())
     args.speculative_config = vllm_spec
     args.additional_config = {**(args.additional_config or {}), ADDITIONAL_CONFIG_KEY: options}

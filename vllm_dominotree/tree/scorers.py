@@ -70,38 +70,6 @@ def top_by_rank(values: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
     return values.gather(1, picked), picked
 
 
-CHUNK_LENGTH = 2048  # the shortest chunk of a row that top_of_vocab's "chunks" takes
-
-
-def vocab_chunks(width: int, k: int) -> int:
-    """Equal chunks of a row of `width` logits for a two-stage top k: the most, a power
-    of two, of at least max(CHUNK_LENGTH, k) logits each (1: the row whole)."""
-    chunks = 1
-    while width % (2 * chunks) == 0 and width // (2 * chunks) >= max(CHUNK_LENGTH, k):
-        chunks *= 2
-    return chunks
-
-
-def top_of_vocab(logits: torch.Tensor, k: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top k of each row of the drafter's logits [..., V] -> (values, indices) [..., k],
-    best first (config.vocab_topk): torch.topk over the row ("torch"), or ("chunks") in
-    two stages over vocab_chunks equal chunks. Both give the same values; equal values
-    may come at other indices."""
-    chunks = vocab_chunks(logits.shape[-1], k) if kind == "chunks" else 1
-    return two_stage_topk(logits, k, chunks) if chunks > 1 else logits.topk(k, dim=-1)
-
-
-def two_stage_topk(logits: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., V] -> the top k (values, indices) best first: each of `chunks` equal chunks'
-    top k (V divisible by chunks), then the top k of those."""
-    width = logits.shape[-1]
-    parts = logits.unflatten(-1, (chunks, width // chunks))
-    values, index = parts.topk(k, dim=-1, sorted=False)  # [..., chunks, k]
-    index = index + torch.arange(0, width, width // chunks, device=logits.device)[:, None]
-    best, at = values.flatten(-2).topk(k, dim=-1)  # [..., k]
-    return best, index.flatten(-2).gather(-1, at)
-
-
 def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     """log sum exp over the last dimension, in float32. [..., V] -> [...]"""
     return torch.logsumexp(logits.float(), dim=-1)
@@ -117,11 +85,9 @@ class MarginalScorer:
         vocab: int,
         device,
         vocab_ids: torch.Tensor | None = None,
-        vocab_topk: str = "torch",
     ):
         """vocab: the marginals' width; vocab_ids: [S] the draft vocabulary's token ids
-        (None: the logits' index is the token id); vocab_topk: how the top C of the
-        logits is taken (top_of_vocab)."""
+        (None: the logits' index is the token id)."""
         if vocab_ids is not None:
             vocab = vocab_ids.numel()
             vocab_ids = vocab_ids.to(device)
@@ -135,7 +101,6 @@ class MarginalScorer:
         self.logprobs = torch.zeros(r, k, c, device=device, dtype=torch.float64)  # top-C per depth
         self.tokens = torch.zeros(r, k, c, device=device, dtype=torch.long)
         self._log_normalizer = compiled(_log_normalizer, device)
-        self.vocab_topk = vocab_topk
         self._rows = 0  # requests of this step
         self._host: tuple[list, list] | None = None  # their tables, read by expand()
 
@@ -149,7 +114,7 @@ class MarginalScorer:
         self.step_rows = padded_rows(n, self.max_requests)
         # log p = logit - log Z: the top-C of the logits themselves, so no float32 copy
         # of the [R, K, V] logits is made (on CUDA the normalizer is one fused reduction).
-        values, tokens = top_of_vocab(base_logits, self.max_children, self.vocab_topk)
+        values, tokens = base_logits.topk(self.max_children, -1)
         log_z = self._log_normalizer(base_logits)
         self.logprobs[:n] = values.float() - log_z[..., None]  # float32 -> float64 exact
         self.tokens[:n] = tokens if self.vocab_ids is None else self.vocab_ids[tokens]
@@ -194,10 +159,8 @@ class ConditionalScorer:
         kernels: bool = False,
         vocab_ids: torch.Tensor | None = None,
         step_dtype: torch.dtype | None = None,
-        vocab_topk: str = "torch",
     ):
-        """vocab_topk: how the top M of the logits is taken (top_of_vocab);
-        kernels: the per-node step as two Triton launches (kernels/domino_step.py;
+        """kernels: the per-node step as two Triton launches (kernels/domino_step.py;
         needs a top-M restriction; tests run them on CPU under Triton's interpreter).
         vocab_ids: [S] the draft vocabulary's token ids (None: the whole vocabulary).
         step_dtype: the per-node step's dtype (None: the head's); the CPU engine takes
@@ -220,7 +183,6 @@ class ConditionalScorer:
         self.width = candidates if self.restricted else vocab
         self.max_children = min(max_children, self.width)
         self.prefix_len = prefix_len
-        self.vocab_topk = vocab_topk
         self.device = device
         self.max_requests = max_requests
         self.step_rows = 1
@@ -265,7 +227,7 @@ class ConditionalScorer:
         self.step_rows = padded_rows(n, self.max_requests)
         self.hid_part[:n] = hidden.to(self.hid_part.dtype) @ self.w_hid.T
         if self.restricted:
-            values, index = top_of_vocab(base_logits, self.width, self.vocab_topk)
+            values, index = base_logits.topk(self.width, dim=-1)
             self.base[:n] = values
             self.cand[:n] = self._token_ids(index)
             self.proj_rows[:n] = self.head.proj_out[self.cand[:n]]
@@ -376,15 +338,13 @@ def make_scorer(
     kernels: bool = False,
     vocab_ids: torch.Tensor | None = None,
     step_dtype: torch.dtype | None = None,
-    vocab_topk: str = "torch",
 ) -> ConditionalScorer | MarginalScorer:
     """The scorer for a config's `scorer` kind. The chain is Domino's released decoder
     (corrected argmax over the whole vocabulary) or, for a plain DFlash drafter, the
     marginal argmax; the shape (one child, one block) makes it a path. vocab: the
     marginals' width (default: the embedding's rows); kernels: the conditional scorer's
     Triton step; vocab_ids: [S] the draft vocabulary (None: the whole vocabulary);
-    step_dtype: the conditional scorer's per-node step dtype (None: the head's);
-    vocab_topk: how either takes its top of the logits (top_of_vocab)."""
+    step_dtype: the conditional scorer's per-node step dtype (None: the head's)."""
     if kind == "marginal" or (kind == "chain" and head is None):
         return MarginalScorer(
             shape.max_children,
@@ -393,7 +353,6 @@ def make_scorer(
             vocab=vocab or embed_tokens.shape[0],
             device=embed_tokens.device,
             vocab_ids=vocab_ids,
-            vocab_topk=vocab_topk,
         )
     if head is None:
         raise ValueError("the conditional scorer needs a Domino head")
@@ -409,5 +368,4 @@ def make_scorer(
         kernels=kernels,
         vocab_ids=vocab_ids,
         step_dtype=step_dtype,
-        vocab_topk=vocab_topk,
     )
