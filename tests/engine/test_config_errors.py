@@ -193,6 +193,29 @@ def test_accept_kernel_defaults_to_the_kernel_on_cuda_only(monkeypatch):
     assert accept_kernel(cuda=True) == "torch"
 
 
+@pytest.mark.parametrize("candidates", [64, 16])
+def test_triton_step_without_a_top_m_restriction_is_refused_at_startup(
+    pair_dirs, monkeypatch, candidates
+):
+    """DOMINOTREE_NODE_STEP=triton needs candidates below the drafter's logits (the toy
+    pair's 64): refused in process 0, naming both and the fix, where the worker's engine
+    core used to fail to start (H100, 2026-12-05e); with 16 candidates it passes. (The
+    check runs on the engine's real config; on CPU the variable is refused before it,
+    so it is called here with the variable set after the config is made.)"""
+    from vllm.engine.arg_utils import EngineArgs
+
+    options = dominotree(pair_dirs, candidates=candidates)
+    args = EngineArgs(model=pair_dirs["target"], speculative_config=options)
+    config = args.create_engine_config()
+    monkeypatch.setenv("DOMINOTREE_NODE_STEP", "triton")
+    if candidates == 16:
+        check_engine_config(config)
+        return
+    with pytest.raises(DominoTreeConfigError, match="DOMINOTREE_NODE_STEP=triton") as error:
+        check_engine_config(config)
+    assert "drafter's 64 logits, but candidates is 64: set candidates below 64" in str(error.value)
+
+
 def test_recurrent_targets_are_refused():
     config = SimpleNamespace(
         model_config=SimpleNamespace(model="some/mamba", is_hybrid=True, is_attention_free=False)

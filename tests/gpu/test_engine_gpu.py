@@ -147,6 +147,25 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     assert stats["accept_kernel"] == "triton"
 
 
+@pytest.mark.parametrize("model_runner", ["v1", "v2"])
+def test_triton_node_step_equals_no_speculation(dirs, expected, model_runner):
+    """The conditional scorer's per-node step as Triton launches (DOMINOTREE_NODE_STEP,
+    kernels/domino_step.py) inside the engine's build graphs, on either runner: it needs a
+    top-M restriction, so 16 candidates of the toy pair's 64 tokens."""
+    config = {
+        "method": "dominotree",
+        "model": str(dirs[1]),
+        "scorer": "conditional",
+        "candidates": 16,
+        "model_runner": model_runner,
+    }
+    tokens, stats = generate(dirs, config, env={"DOMINOTREE_NODE_STEP": "triton"})
+    print(f"triton-{model_runner}", stats)
+    assert tokens == expected[: len(PROMPTS)]
+    assert stats["scorer_step"] == "triton"
+    assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
+
+
 def test_sampled_requests_on_the_v2_runner_follow_the_target(dirs):
     """Seeded requests with temperature, top-k and top-p through V2 trees follow the
     target's own law (the CPU tests sample with temperature alone: V2's top-k / top-p

@@ -17,7 +17,7 @@ import functools
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
-from ..config import DominoTreeConfigError, accept_kernel, node_step
+from ..config import DominoTreeConfig, DominoTreeConfigError, accept_kernel, node_step
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
@@ -75,15 +75,24 @@ def check_engine_config(config) -> None:
             f"speculative method 'dominotree' needs an attention-only target; {model.model} "
             "has recurrent (Mamba/linear-attention) layers, whose state cannot follow a tree"
         )
+    spec = read_spec(config.speculative_config.model)
     try:
         check_fits_target(
-            read_spec(config.speculative_config.model),
+            spec,
             hidden_size=model.get_hidden_size(),
             vocab_size=model.get_vocab_size(),
             num_layers=model.get_total_num_hidden_layers(),
         )
     except DrafterFormatError as err:
         raise DominoTreeConfigError(f"{err} (target: {model.model})") from err
+    options = DominoTreeConfig(**config.additional_config[ADDITIONAL_CONFIG_KEY])
+    width = options.draft_vocab or spec.vocab_size  # the logits the scorer takes its top M of
+    if node_step() == "triton" and options.scorer == "conditional" and options.candidates >= width:
+        raise DominoTreeConfigError(
+            f"DOMINOTREE_NODE_STEP=triton corrects a top-M restriction of the drafter's "
+            f"{width} logits, but candidates is {options.candidates}: set candidates below "
+            f"{width}, or unset DOMINOTREE_NODE_STEP"
+        )
 
 
 def patch_engine_args() -> None:
