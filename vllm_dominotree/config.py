@@ -101,9 +101,11 @@ def node_step() -> str:
     environment's DOMINOTREE_NODE_STEP: "torch" (default: the torch step, compiled on
     CUDA) or "triton" (two Triton launches per pop: the GRU, then u and the children with the
     builder's bookkeeping, kernels/domino_step.py and kernels/tree_pop.py; CUDA, with a
-    top-M restriction). Not the default until it builds faster: its first version built a
-    budget-16 tree in 1.65 ms at batch 1 against the torch step's 1.07 (H200,
-    benchmarks/results/h200_2026-12-03)."""
+    top-M restriction, candidates below the drafter's logits: refused at startup
+    otherwise). It builds a budget-16 tree in 0.98 / 1.46 / 3.64 ms at batch 1 / 16 / 64
+    against the torch step's 1.31 / 1.75 / 3.48 (H100, benchmarks/results/h100_2026-12-05e);
+    not the default until it has run in the float32 engine tests
+    (tests/gpu/test_engine_gpu.py::test_triton_node_step_equals_no_speculation)."""
     return _kernel_switch("DOMINOTREE_NODE_STEP")
 
 

@@ -201,12 +201,10 @@ class ConditionalScorer:
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
         self._chain = compiled(self._chain_rows, device)
         # The per-node step: the torch step below, compiled on CUDA, or with `kernels`
-        # two Triton launches. Not the default: inside the builder's graph on the H200
-        # it wins 8% at budget 16 up to batch 16 and loses at batch 64 and at budget 64
-        # (1.05 vs 1.14 ms at batch 1, 3.22 vs 3.13 at batch 64, 3.97 vs 3.05 at budget
-        # 64; benchmarks/results/h200_2026-12-03b); builder_bench.py --steps measures both,
-        # engines take it with DOMINOTREE_NODE_STEP=triton (config.node_step). `step`
-        # names it in the engine's stats.
+        # two Triton launches (config.node_step says when each wins; builder_bench.py
+        # --steps measures both; engines take it with DOMINOTREE_NODE_STEP=triton, which
+        # the engine refuses at startup without a restriction). `step` names it in the
+        # engine's stats.
         if kernels and not self.restricted:
             raise ValueError("the Triton step needs a top-M restriction (candidates < vocab)")
         self.step = "triton" if kernels else "torch"
