@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from vllm_dominotree.engine.tree_step import TreeRows, TreeStepBuffers
-from vllm_dominotree.tree.ancestry import NUM_FIELDS, describe_slots
+from vllm_dominotree.tree.ancestry import NUM_FIELDS, describe_slots, in_preorder
 from vllm_dominotree.tree.builder import DraftTree
 from vllm_dominotree.tree.device_builder import slot_tensors
 
@@ -14,10 +14,21 @@ SLOTS = 13  # random trees have at most 12 rows, one padding row beside
 
 
 def random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
-    tree = DraftTree.root(int(torch.randint(vocab, (1,), generator=gen)))
+    """A random tree numbered as verification steps number theirs (depth-first
+    preorder, tree/ancestry.in_preorder), so that its node i is the step's row i."""
+    tokens, parents = [int(torch.randint(vocab, (1,), generator=gen))], [-1]
     for i in range(1, size):
-        parent = int(torch.randint(i, (1,), generator=gen))
-        tree.add(int(torch.randint(vocab, (1,), generator=gen)), parent, 0.0)
+        parents.append(int(torch.randint(i, (1,), generator=gen)))
+        tokens.append(int(torch.randint(vocab, (1,), generator=gen)))
+    fields = (
+        torch.tensor([tokens]),
+        torch.tensor([parents]),
+        torch.zeros(1, size, dtype=torch.long),
+    )
+    tokens, parents, _ = (f[0].tolist() for f in in_preorder(*fields))
+    tree = DraftTree.root(tokens[0])
+    for token, parent in zip(tokens[1:], parents[1:], strict=True):
+        tree.add(token, parent, 0.0)
     return tree
 
 

@@ -160,7 +160,8 @@ def check_build_equals_publish(
     seed: int, requests: int = 6, max_context: int = 90, every_row: bool = False
 ) -> None:
     """The build's tables are the host's, and give the reference attention (every_row:
-    for every row, none left 7.0)."""
+    for every row, none left 7.0, and the queries are the forward's rows in order: the
+    trees are in preorder, so attend_paths gathers nothing)."""
     case = random_case("cpu", torch.float32, seed, requests=requests, max_context=max_context)
     tokens, max_len = case[0].shape[0], case[3].shape[1] * case[1].shape[1]
     host = PathTables(tokens, tokens, max_len, "cpu")
@@ -168,6 +169,8 @@ def check_build_equals_publish(
     built = built_path_tables(case, PathTables(tokens, tokens, max_len, "cpu"), every_row)
     assert_same_tables(built, host)
     assert bool(built.row_owned[:tokens].all()) == every_row  # the first request: a root
+    if every_row:
+        assert built.query_rows[:tokens].tolist() == list(range(tokens))
     got = attend_case(built, case, every_row)
     assert (got - reference(case, every_row)).abs().max() < 1e-5
 

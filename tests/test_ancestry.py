@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dominotree.tree.ancestry import ancestor_mask, tree_bits
+from vllm_dominotree.tree.ancestry import (
+    DEPTH,
+    NEEDS_FIX,
+    NUM_FIELDS,
+    PARENT,
+    TOKEN,
+    ancestor_mask,
+    describe_slots,
+    preorder_ranks,
+    tree_bits,
+)
 from vllm_dominotree.tree.device_builder import UNUSED as PAD_PARENT
 
 
@@ -72,3 +82,45 @@ def test_tree_bits_of_random_batches_are_the_walks():
                     (np.int64(1) << np.int64(j - 1) for j in earlier), np.int64(0)
                 )
                 assert needs_fix[b, i] == (i >= 1 and not mask[i, : i + 1].all())
+
+
+def depth_first(parents: list[int]) -> list[int]:
+    """Each node's row in a depth-first walk from the root, children in row order (a
+    slot without a node, parent PAD_PARENT, keeps its row)."""
+    children = [[] for _ in parents]
+    for i, p in enumerate(parents):
+        if p >= 0:
+            children[p].append(i)
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children[node]))
+    rows = list(range(len(parents)))
+    for row, node in enumerate(order):
+        rows[node] = row
+    return rows
+
+
+def test_preorder_ranks_are_the_depth_first_walk():
+    """Random trees of up to 65 slots (bit 63 included), some slots without a node."""
+    gen = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(gen.integers(1, 66))
+        used = int(gen.integers(1, n + 1))
+        parents = [-1] + [int(gen.integers(i)) for i in range(1, used)] + [PAD_PARENT] * (n - used)
+        assert preorder_ranks(torch.tensor([parents]))[0].tolist() == depth_first(parents)
+
+
+def test_described_trees_are_the_same_trees_in_preorder():
+    """describe_slots renumbers: the same root-to-node token paths, siblings in their
+    order, each parent before its children, the best child's line first (rows 1, 2)."""
+    tokens = torch.tensor([[7, 11, 12, 13, 14, -1]])
+    parents = torch.tensor([[-1, 0, 0, 1, 3, PAD_PARENT]])  # pop order: 2 before 1's line
+    depths = torch.tensor([[0, 1, 1, 2, 3, 0]])
+    out = torch.zeros(NUM_FIELDS, 1, 6, dtype=torch.long)
+    describe_slots(tokens, parents, depths, out)
+    assert out[TOKEN, 0].tolist() == [7, 11, 13, 14, 12, -1]
+    assert out[PARENT, 0].tolist() == [-1, 0, 1, 2, 0, PAD_PARENT]
+    assert out[DEPTH, 0].tolist() == [0, 1, 2, 3, 1, 1]
+    assert out[NEEDS_FIX, 0].tolist() == [0, 0, 0, 0, 1, 0]  # rows 1..3 are causal now

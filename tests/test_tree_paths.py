@@ -17,7 +17,7 @@ from tree_attention_check import random_case
 from vllm_dominotree.config import attention_mode, path_splits
 from vllm_dominotree.engine import tree_attention_setup
 from vllm_dominotree.engine.tree_paths import PathTables, slot_view, split_into_paths
-from vllm_dominotree.tree.ancestry import tree_bits
+from vllm_dominotree.tree.ancestry import in_preorder, tree_bits
 
 
 def random_tree(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -55,6 +55,24 @@ def test_every_row_is_owned_once_in_one_pass(seed):
     assert sorted(owned) == list(range(len(parents)))
     assert paths[0][1] == len(paths[0][0]) + 1  # the first path owns the root and all its rows
     assert len(paths) == max(1, sum(i not in parents for i in range(1, len(parents))))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_pass_queries_are_the_rows_in_order_for_trees_in_preorder(seed):
+    """A step's trees come in depth-first preorder (tree/ancestry.in_preorder): then one
+    pass's path requests own the rows in the forward's order, which lets attend_paths
+    skip its gathers; in pop order they need not (root -> 1 -> 3 beside root -> 2)."""
+    rng = np.random.default_rng(seed)
+    parents = torch.from_numpy(random_tree(rng, int(rng.integers(1, 18)))[None])
+    parents = in_preorder(parents, parents, parents)[1]
+    ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(parents))
+    paths = split_into_paths(ancestors, needs_fix, every_row=True)
+    owned = [row for path, k in paths for row in [0, *path][len(path) + 1 - k :]]
+    assert owned == list(range(parents.shape[1]))
+    pop_order = np.array([-1, 0, 0, 1])
+    ancestors, _, needs_fix = (a[0].numpy() for a in tree_bits(torch.from_numpy(pop_order[None])))
+    paths = split_into_paths(ancestors, needs_fix, every_row=True)
+    assert [row for path, k in paths for row in [0, *path][len(path) + 1 - k :]] == [0, 2, 1, 3]
 
 
 @pytest.mark.parametrize("seed", range(6))

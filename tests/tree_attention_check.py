@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from vllm_dominotree.kernels.tree_attention import TreeAttention, tree_attention_reference
-from vllm_dominotree.tree.ancestry import tree_bits
+from vllm_dominotree.tree.ancestry import in_preorder, tree_bits
 
 # (heads, KV heads, head dim) of the real targets' attention: Qwen3-4B's, and SmolLM2-135M's
 # (a group of 3, padded to 4 in the kernels' query tiles).
@@ -51,7 +51,9 @@ def random_case(
     ancestors = torch.zeros(num_tokens, dtype=torch.int64)
     needs_fix = torch.zeros(num_tokens, dtype=torch.int64)
     for r, n in enumerate(rows):
+        # numbered as a verification step numbers its trees (depth-first preorder)
         parents = torch.tensor([[-1] + [ints(i) for i in range(1, n)]])
+        parents = in_preorder(parents, parents, parents)[1]
         bits, _, fix = tree_bits(parents)
         span = slice(int(query_start[r]), int(query_start[r + 1]))
         ancestors[span] = bits[0]

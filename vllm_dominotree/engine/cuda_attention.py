@@ -187,14 +187,20 @@ def attend_paths(
     than its request). FA3 reads each request's true key count from seqused_k; the two
     only steer its host-side choices (split count, GQA packing), which a captured graph
     keeps. varlen: vLLM's flash_attn_varlen_func (default), or a stand-in with its
-    arguments (the CPU tests'). every_row (one pass): the tables own every real row, so
-    every row is written (padding rows of a graph get some path row)."""
+    arguments (the CPU tests'). every_row (one pass): the tables own every real row, in
+    the forward's order, since a step's trees come in depth-first preorder
+    (tree/ancestry.in_preorder): FA3 reads the queries and writes the rows in place,
+    no gather either way (padding rows of a graph are left alone, as vLLM's own FA3
+    call leaves them)."""
     if varlen is None:
         from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func as varlen
 
     num_tokens = query.shape[0]
-    path_query = query[tables.query_rows[:num_tokens]]  # [T, H, D]: owned rows first
-    path_out = torch.empty_like(path_query)
+    if every_row:
+        path_query, path_out = query, rows
+    else:
+        path_query = query[tables.query_rows[:num_tokens]]  # [T, H, D]: owned rows first
+        path_out = torch.empty_like(path_query)
     # Every path request owns a forward row, and the tables keep them first: FA3's batch
     # is this forward's rows at most (static under a graph), not the tables' capacity.
     paths = min(num_tokens, tables.seq_used.shape[0])
@@ -213,12 +219,11 @@ def attend_paths(
         fa_version=fa_version,
         num_splits=num_splits,
     )
-    # Into `rows` in place: one gather (one pass), or a gather and a `where` keeping
-    # the stock pass's rows that no path request owns.
-    to_query = tables.row_to_query[:num_tokens]
     if every_row:
-        torch.index_select(path_out, 0, to_query, out=rows)
         return
+    # Into `rows`: a gather and a `where` keeping the stock pass's rows that no path
+    # request owns.
+    to_query = tables.row_to_query[:num_tokens]
     owned = tables.row_owned[:num_tokens, None, None]
     torch.where(owned, path_out[to_query], rows, out=rows)
 

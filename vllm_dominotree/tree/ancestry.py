@@ -3,7 +3,8 @@ attention and acceptance) and as a dense mask (the reference decoder's attention
 
 Rows are a tree's nodes in topological order (parents[i] < i); row 0 is the root. Row
 i's own bit is bit i - 1 (the root has none: every row sees it); budget <= 64 keeps a
-tree's bits in one int64.
+tree's bits in one int64. The builders number nodes in pop order; what a verification
+step reads (`describe_slots`) numbers them in depth-first preorder.
 
 `tree_bits` is plain torch with a fixed number of steps for a given row count, so the
 device builder runs it inside its CUDA graph (tree/device_builder.py) and the host heap's
@@ -54,14 +55,50 @@ def tree_bits(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return ancestors, siblings, needs_fix
 
 
+def preorder_ranks(parents: torch.Tensor) -> torch.Tensor:
+    """parents: [B, n] long (topological order, as tree_bits takes them; slots without a
+    node after every node). -> [B, n] long: each node's row in depth-first preorder,
+    children in their order (a slot without a node keeps its own). Node j comes before
+    node i when j is an ancestor of i, or where their paths part, j's side holds the
+    smaller row: the lowest bit of the bits only j's path has (rows grow with depth
+    along a path) is below the lowest of those only i's has. Fixed steps, no sort."""
+    bits = tree_bits(parents)[0]
+    node = (parents >= 0) | (parents == -1)
+    mine, theirs = bits[:, :, None], bits[:, None, :]  # [B, i, j]
+    only_i, only_j = mine & ~theirs, theirs & ~mine
+    # x & -x: the lowest set bit; minus one orders them as unsigned (bit 63 included).
+    low_i, low_j = (only_i & -only_i) - 1, (only_j & -only_j) - 1
+    ancestor = (only_j == 0) & (only_i != 0)
+    earlier_branch = (only_i != 0) & (only_j != 0) & (low_j < low_i)
+    before = (ancestor | earlier_branch) & node[:, None, :]
+    rank = before.sum(-1)
+    return torch.where(node, rank, torch.arange(parents.shape[1], device=parents.device))
+
+
+def in_preorder(
+    tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Trees in slot form ([B, n] long each, pop order) renumbered in depth-first
+    preorder (preorder_ranks): the same trees, whose root-to-leaf paths each own a run
+    of consecutive rows, leaf after leaf. So one pass's FA3 path requests take the
+    forward's rows in their own order (engine/cuda_attention.attend_paths: no gathers),
+    and the best child's line is rows 1, 2, ... (an accepted path there moves no K/V)."""
+    rank = preorder_ranks(parents)
+    renumbered = torch.where(parents >= 0, rank.gather(1, parents.clamp(min=0)), parents)
+    return tuple(
+        torch.empty_like(field).scatter_(1, rank, field) for field in (tokens, renumbered, depths)
+    )
+
+
 def describe_slots(
     tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, out: torch.Tensor
 ) -> None:
     """Trees in slot form ([B, n] long each: pop order, parents -1 for the root and
     negative for slots that hold no node) -> out [NUM_FIELDS, B, n] long, what a
-    verification step reads of each slot (engine/tree_step.py). Slots without a node
-    keep depth 1 (any position will do: they are never accepted) and see only the root
-    and themselves."""
+    verification step reads of each slot (engine/tree_step.py), the nodes in preorder
+    (in_preorder). Slots without a node keep depth 1 (any position will do: they are
+    never accepted) and see only the root and themselves."""
+    tokens, parents, depths = in_preorder(tokens, parents, depths)
     ancestors, siblings, needs_fix = tree_bits(parents)
     node = (parents >= 0) | (parents == -1)
     out[TOKEN] = tokens
