@@ -8,10 +8,12 @@ build time is prepare (per-depth top-M, gathers) + the build until every tree is
 back on the host, measured with device syncs. Per configuration it also checks that the
 device builder's trees are the host heap's (tokens, parents, float64 scores).
 `--steps torch triton` measures both of the scorer's per-node steps (the compiled torch
-step, kernels/domino_step.py's launches) in one run. `--profile` (CUDA) also lists the
-device build's kernels per build, calls and GPU microseconds, the largest first (which
-kernels a build's time is: the GRU's products or the small ones between them). Writes
-builder_bench.json and builder_bench.md.
+step, kernels/domino_step.py's launches) in one run; `--gru-programs 256 512` the Triton
+step with the GRU launch's reduction split for that many programs
+(domino_step.GRU_PROGRAMS, set for the run: more, shorter programs at small batches).
+`--profile` (CUDA) also lists the device build's kernels per build, calls and GPU
+microseconds, the largest first (which kernels a build's time is: the GRU's products or
+the small ones between them). Writes builder_bench.json and builder_bench.md.
 """
 
 from __future__ import annotations
@@ -67,9 +69,14 @@ def build_kernels(builder, scorer, inputs, builds: int = 10) -> list[dict]:
     ]
 
 
-def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, profile):
-    """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton")
-    -> {builder: stats}, trees equal (the device builder's kernels with `profile`)."""
+def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, gru, profile):
+    """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton";
+    the Triton GRU launch aiming at `gru` programs, None: the module's) -> {builder:
+    stats}, trees equal (the device builder's kernels with `profile`)."""
+    if gru is not None:
+        from vllm_dominotree.kernels import domino_step
+
+        domino_step.GRU_PROGRAMS = gru
     shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
     scorer = make_scorer(
         "conditional",
@@ -112,6 +119,7 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
             "build_ms_p90": 1e3 * sorted(times)[int(0.9 * len(times))],
             "prepare_ms_median": 1e3 * statistics.median(prepare_times),
             "step": step,
+            "gru_programs": gru,
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
@@ -135,6 +143,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, nargs="+", default=[32, 64, 128])
     # the scorer's per-node step: the compiled torch step, the Triton launches (CUDA)
     parser.add_argument("--steps", nargs="+", default=["torch"], choices=["torch", "triton"])
+    parser.add_argument("--gru-programs", type=int, nargs="+", default=[None])
     parser.add_argument("--profile", action="store_true", help="the build's kernels (CUDA)")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -155,10 +164,14 @@ def main() -> None:
             anchors = torch.randint(0, VOCAB, (batch,), device=device)
             inputs.append((hidden, base, anchors))
         for budget in args.budgets:
-            for m, step in itertools.product(args.candidates, args.steps):
+            steps = [
+                (s, g) for s in args.steps for g in (args.gru_programs if s == "triton" else [None])
+            ]
+            for m, (step, gru) in itertools.product(args.candidates, steps):
                 stats = measure(
-                    head, embed, device, batch, budget, m, args.rounds, inputs, step, args.profile
-                )
+                    head, embed, device, batch, budget, m, args.rounds, inputs, step, gru,
+                    args.profile,
+                )  # fmt: skip
                 for name in BUILDERS:
                     row = {
                         "batch": batch,
@@ -190,6 +203,7 @@ def main() -> None:
         "M",
         "builder",
         "node step",
+        "GRU programs",
         "build ms (median)",
         "p90",
         "prepare ms",
@@ -202,6 +216,7 @@ def main() -> None:
             r["candidates"],
             r["builder"],
             r["step"],
+            r["gru_programs"] or "-",
             f"{r['build_ms_median']:.3f}",
             f"{r['build_ms_p90']:.3f}",
             f"{r['prepare_ms_median']:.3f}",

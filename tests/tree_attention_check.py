@@ -205,7 +205,7 @@ def paths_output(
     engine/tree_paths.py), the other rows left at 7.0 (tables: path_tables', made here
     unless given; max_seqlen_k: the batch's longest sequence unless given; num_splits:
     FA3's, 0 its own heuristic, the engine's under FULL graphs vLLM's bound; every_row:
-    tables that own every row, written with one pass's single gather)."""
+    tables that own every row, which FA3 writes in place: one pass)."""
     from vllm_dominotree.engine.cuda_attention import attend_paths
 
     query, key_cache, value_cache = args[:3]

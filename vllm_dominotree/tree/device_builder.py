@@ -11,7 +11,8 @@ the heap); CPU engines build with the heap itself, which costs fewer torch calls
 and `store` files its trees where the graph writes them.
 
 What the next verification step reads is `table` ([fields, requests + 1, slots], the
-slots described by tree/ancestry.describe_slots): it stays on the device, so the runner
+slots described by tree/ancestry.describe_slots, which numbers the nodes in depth-first
+preorder rather than pop order): it stays on the device, so the runner
 describes that step without waiting for the trees (engine/tree_step.py). Its last row is
 a fixed chain of tokens that never match, for requests scheduled with drafts that no
 tree of the last build belongs to.
