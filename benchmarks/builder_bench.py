@@ -8,9 +8,11 @@ build time is prepare (per-depth top-M, gathers) + the build until every tree is
 back on the host, measured with device syncs. Per configuration it also checks that the
 device builder's trees are the host heap's (tokens, parents, float64 scores).
 `--steps torch triton` measures both of the scorer's per-node steps (the compiled torch
-step, kernels/domino_step.py's launches) in one run; `--gru-programs 256 512` the Triton
-step with the GRU launch's reduction split for that many programs
-(domino_step.GRU_PROGRAMS, set for the run: more, shorter programs at small batches).
+step, kernels/domino_step.py's launches) in one run; for the Triton step,
+`--gru-programs 256 512` the GRU launch's reduction split for that many programs
+(domino_step.GRU_PROGRAMS: more, shorter programs at small batches) and `--table-rows 0 2`
+the padded batches that take the GRU's input products from the candidates' table
+(domino_step.TABLE_ROWS; 0: none), each set for its measurement.
 `--profile` (CUDA) also lists the device build's kernels per build, calls and GPU
 microseconds, the largest first (which kernels a build's time is: the GRU's products or
 the small ones between them). Writes builder_bench.json and builder_bench.md.
@@ -69,14 +71,29 @@ def build_kernels(builder, scorer, inputs, builds: int = 10) -> list[dict]:
     ]
 
 
-def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, gru, profile):
-    """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton";
-    the Triton GRU launch aiming at `gru` programs, None: the module's) -> {builder:
-    stats}, trees equal (the device builder's kernels with `profile`)."""
-    if gru is not None:
-        from vllm_dominotree.kernels import domino_step
+def measure_with(knobs: dict, *args) -> dict:
+    """measure(*args) with domino_step's constants `knobs` (None: the module's value) set
+    for it and put back after; the rows say which values ran."""
+    from vllm_dominotree.kernels import domino_step
 
-        domino_step.GRU_PROGRAMS = gru
+    kept = {name: getattr(domino_step, name, None) for name in knobs}
+    try:
+        for name, value in knobs.items():
+            if value is not None:
+                setattr(domino_step, name, value)
+        ran = {name: getattr(domino_step, name, None) for name in knobs}
+        stats = measure(*args)
+    finally:
+        for name, value in kept.items():
+            setattr(domino_step, name, value)
+    for row in stats.values():
+        row["knobs"] = ran
+    return stats
+
+
+def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, profile):
+    """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton")
+    -> {builder: stats}, trees equal (the device builder's kernels with `profile`)."""
     shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
     scorer = make_scorer(
         "conditional",
@@ -119,7 +136,6 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
             "build_ms_p90": 1e3 * sorted(times)[int(0.9 * len(times))],
             "prepare_ms_median": 1e3 * statistics.median(prepare_times),
             "step": step,
-            "gru_programs": gru,
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
@@ -144,6 +160,7 @@ def main() -> None:
     # the scorer's per-node step: the compiled torch step, the Triton launches (CUDA)
     parser.add_argument("--steps", nargs="+", default=["torch"], choices=["torch", "triton"])
     parser.add_argument("--gru-programs", type=int, nargs="+", default=[None])
+    parser.add_argument("--table-rows", type=int, nargs="+", default=[None])
     parser.add_argument("--profile", action="store_true", help="the build's kernels (CUDA)")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -164,12 +181,14 @@ def main() -> None:
             anchors = torch.randint(0, VOCAB, (batch,), device=device)
             inputs.append((hidden, base, anchors))
         for budget in args.budgets:
-            steps = [
-                (s, g) for s in args.steps for g in (args.gru_programs if s == "triton" else [None])
+            knobs = [
+                {"GRU_PROGRAMS": g, "TABLE_ROWS": t}
+                for g, t in itertools.product(args.gru_programs, args.table_rows)
             ]
-            for m, (step, gru) in itertools.product(args.candidates, steps):
-                stats = measure(
-                    head, embed, device, batch, budget, m, args.rounds, inputs, step, gru,
+            steps = [(s, k) for s in args.steps for k in (knobs if s == "triton" else [{}])]
+            for m, (step, knob) in itertools.product(args.candidates, steps):
+                stats = measure_with(
+                    knob, head, embed, device, batch, budget, m, args.rounds, inputs, step,
                     args.profile,
                 )  # fmt: skip
                 for name in BUILDERS:
@@ -203,7 +222,7 @@ def main() -> None:
         "M",
         "builder",
         "node step",
-        "GRU programs",
+        "GRU programs, table rows",
         "build ms (median)",
         "p90",
         "prepare ms",
@@ -216,7 +235,7 @@ def main() -> None:
             r["candidates"],
             r["builder"],
             r["step"],
-            r["gru_programs"] or "-",
+            ", ".join(str(v) for v in r["knobs"].values() if v is not None) or "-",
             f"{r['build_ms_median']:.3f}",
             f"{r['build_ms_p90']:.3f}",
             f"{r['prepare_ms_median']:.3f}",

@@ -45,12 +45,18 @@ ROWS_BLOCK = 16  # rows per program of the two products (tensor-core tiles: >= 1
 GRU_PROGRAMS = 256  # programs the GRU step aims for (its reduction split to get there)
 MAX_SPLITS = 8
 UNITS_BLOCK = 16  # GRU hidden units, or correction-rank entries, per program
-# Reduction width per step of the GRU's products, and its warps: at 256 and 4 warps ptxas
-# spilled (96 bytes a thread in bf16, 22 KB in float32, at 255 registers); at 128 and 8
-# warps nothing spills (150-252 registers), with as many threads per SM.
+# Reduction width per step of the GRU's products (16-bit weights; float32's tiles take
+# twice the registers: half the width), and its warps: at 256 and 4 warps ptxas spilled
+# (96 bytes a thread in bf16, 22 KB in float32, at 255 registers); at 128 and 8 warps
+# nothing spilled in bf16 (150-252 registers), nor in float32 at 64 with the table's code.
 K_BLOCK = 128
 GRU_WARPS = 8
 E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
+# Padded batches up to this many requests take the GRU's input products of the nodes
+# below the root from a table of their depth's candidates, filled at prepare (one GEMM):
+# a pop then reads W_hh alone. Larger batches read W_ih once a pop for every row, which
+# costs less than the table (which grows with the rows; docs/fused-build.md).
+TABLE_ROWS = 2
 
 
 @triton.jit
@@ -95,6 +101,40 @@ def _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G: tl.conste
 
 
 @triton.jit
+def _tabled_rows(Cand, Depth, p, token, req, live, cand_req_stride, cand_depth_stride,
+                 M: tl.constexpr, M_PAD: tl.constexpr):  # fmt: skip
+    """Which rows take their input products from the candidates' table (a node below the
+    root whose token is one of its depth's candidates, cand[req, depth - 1]), at which
+    candidate (the first equal one) and depth -> [ROWS] bool, int32, int64. (Computed
+    where needed, not kept across the products: registers.)"""
+    m = tl.arange(0, M_PAD)
+    depth = tl.load(Depth + p, mask=live, other=0)
+    above = tl.maximum(depth - 1, 0)
+    at = Cand + req[:, None] * cand_req_stride + above[:, None] * cand_depth_stride + m[None, :]
+    cands = tl.load(at, mask=live[:, None] & (m < M)[None, :], other=-1)
+    hit = (cands == token[:, None]) & (depth >= 1)[:, None]
+    tabled = live & (tl.max(hit.to(tl.int32), axis=1) > 0)
+    return tabled, tl.min(tl.where(hit, m[None, :], M_PAD), axis=1), depth
+
+
+@triton.jit
+def _from_table(i_r, i_z, i_n, GI, Cand, Depth, p, token, req, live, unit, cand_req_stride,
+                cand_depth_stride, gi_req_stride, gi_depth_stride, G: tl.constexpr,
+                M: tl.constexpr, M_PAD: tl.constexpr):  # fmt: skip
+    """The tabled rows' input products from GI [rows, K, M, 3G] (the others' kept)."""
+    tabled, cand, depth = _tabled_rows(Cand, Depth, p, token, req, live, cand_req_stride,
+                                       cand_depth_stride, M, M_PAD)  # fmt: skip
+    above = tl.maximum(depth - 1, 0)
+    row = GI + req * gi_req_stride + above * gi_depth_stride + cand * (3 * G)
+    at = row[:, None] + unit[None, :]
+    cell = tabled[:, None] & (unit >= 0)[None, :]
+    i_r = tl.where(cell, tl.load(at, mask=cell, other=0.0).to(tl.float32), i_r)
+    i_z = tl.where(cell, tl.load(at + G, mask=cell, other=0.0).to(tl.float32), i_z)
+    i_n = tl.where(cell, tl.load(at + 2 * G, mask=cell, other=0.0).to(tl.float32), i_n)
+    return i_r, i_z, i_n
+
+
+@triton.jit
 def _state_share(state, p, live, j, unit_block, W_s, UShares, w_s_stride, share_rows,
                  G: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
                  PRECISION: tl.constexpr):  # fmt: skip
@@ -112,12 +152,14 @@ def _state_share(state, p, live, j, unit_block, W_s, UShares, w_s_stride, share_
 # a value of 1 or a multiple of 16): the builders' graphs compile one per kernel at start.
 @triton.jit(do_not_specialize=["rows"])
 def _gru_step(
-    Tokens, Req, Parent, Node, Embed, States, W_ih, W_hh, Partials, Counters, W_s, UShares,
+    Tokens, Req, Parent, Node, Depth, Embed, States, W_ih, W_hh, Partials, Counters, W_s,
+    UShares, Cand, GI,
     rows, partial_rows, embed_stride, state_req_stride, state_slot_stride, w_s_stride,
-    share_rows,
+    share_rows, cand_req_stride, cand_depth_stride, gi_req_stride, gi_depth_stride,
     H: tl.constexpr, G: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     PRECISION: tl.constexpr, ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
     SPLITS: tl.constexpr, H_SPLIT: tl.constexpr, G_SPLIT: tl.constexpr,
+    M: tl.constexpr, M_PAD: tl.constexpr, FROM_TABLE: tl.constexpr,
 ):  # fmt: skip
     """Program (unit block, split, row block): the six products over the split's share
     of both reductions (H_SPLIT input columns, G_SPLIT state columns). With one split it
@@ -140,11 +182,24 @@ def _gru_step(
     x = Embed + token * embed_stride + first_x
     width_x = tl.minimum(H_SPLIT, H - first_x)
     width_h = tl.minimum(G_SPLIT, G - first_h)
+    tabled = live & (p < 0)  # none
+    if FROM_TABLE:
+        tabled = _tabled_rows(Cand, Depth, p, token, req, live, cand_req_stride,
+                              cand_depth_stride, M, M_PAD)[0]  # fmt: skip
+    # The input products (W_ih's reads, two thirds of the weights) only where a row of
+    # the block is not tabled (the root, a scratch row): else a reduction of no steps.
+    untabled = tl.max((live & ~tabled).to(tl.int32), axis=0) > 0
+    width_x = tl.where(untabled, width_x, 0)
     i_r, i_z, i_n = _products(x, live, W_ih + first_x, unit, G, H, width_x, PRECISION, ROWS,
                               UNITS, K)  # fmt: skip
     h_r, h_z, h_n = _products(parent + first_h, live, W_hh + first_h, unit, G, G, width_h,
                               PRECISION, ROWS, UNITS, K)  # fmt: skip
     if SPLITS == 1:
+        if FROM_TABLE:
+            i_r, i_z, i_n = _from_table(
+                i_r, i_z, i_n, GI, Cand, Depth, p, token, req, live, unit, cand_req_stride,
+                cand_depth_stride, gi_req_stride, gi_depth_stride, G, M, M_PAD,
+            )  # fmt: skip
         new = _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
         _state_share(new, p, live, j, unit_block, W_s, UShares, w_s_stride, share_rows, G, E,
                      E_PAD, PRECISION)  # fmt: skip
@@ -180,6 +235,12 @@ def _gru_step(
                 h_r += tl.load(part + 3 * product, mask=cell, other=0.0)
                 h_z += tl.load(part + 4 * product, mask=cell, other=0.0)
                 h_n += tl.load(part + 5 * product, mask=cell, other=0.0)
+            if FROM_TABLE:
+                i_r, i_z, i_n = _from_table(
+                    i_r, i_z, i_n, GI, Cand, Depth, p, token, req, live, unit,
+                    cand_req_stride, cand_depth_stride, gi_req_stride, gi_depth_stride, G, M,
+                    M_PAD,
+                )  # fmt: skip
             new = _gru_gates(i_r, i_z, i_n, h_r, h_z, h_n, parent, node, j, live, G, States)
             _state_share(new, p, live, j, unit_block, W_s, UShares, w_s_stride, share_rows, G,
                          E, E_PAD, PRECISION)  # fmt: skip
@@ -298,6 +359,7 @@ class DominoStep:
         self.e_pad = max(16, triton.next_power_of_2(self.rank))  # for a tensor-core product
         # float32 drafters multiply in IEEE float32 (tensor cores would round to TF32)
         self.precision = "ieee" if head.w_ih.dtype == torch.float32 else "tf32"
+        self.k_block = gru_k_block(head.w_ih.dtype)
         device = head.w_ih.device
         c = scorer.max_children
         self.u = torch.zeros(max_rows, self.rank, device=device, dtype=torch.float32)
@@ -314,6 +376,13 @@ class DominoStep:
         self.partial_rows = max(MAX_SPLITS, row_blocks) * ROWS_BLOCK
         self.partials = torch.zeros(6 * self.partial_rows, self.gru_units, device=device)
         self.counters = torch.zeros(row_blocks * self.unit_blocks, device=device, dtype=torch.int32)
+        # The candidates' input products, gi[r, k, m] = E[cand[r, k, m]] W_ih^T, [rows, K,
+        # M, 3G] in the head's dtype, for padded batches of up to TABLE_ROWS (fill_table).
+        table_rows = min(TABLE_ROWS, scorer.max_requests)
+        self.gi = torch.zeros(
+            table_rows, *scorer.cand.shape[1:], 3 * self.gru_units, device=device,
+            dtype=head.w_ih.dtype,
+        )  # fmt: skip
         self.values = torch.zeros(max_rows, c, device=device, dtype=torch.float64)
         self.tokens = torch.zeros(max_rows, c, device=device, dtype=torch.long)
         # The kernels index the scorer's tables by their strides, the candidates' with the
@@ -325,30 +394,47 @@ class DominoStep:
     def __call__(self, req, node, parent, token, depth) -> tuple[torch.Tensor, torch.Tensor]:
         """[p] rows each (the scorer's `children`): the nodes' states, then their children."""
         req, node, depth = (t.contiguous() for t in (req, node, depth))
-        self.gru(req, node, parent, token)
+        self.gru(req, node, parent, token, depth)
         self.children(req, node, depth)
         p = req.shape[0]
         return self.values[:p], self.tokens[:p]
 
-    def gru(self, req, node, parent, token) -> None:
-        """States[req, node] = GRU(embed[token], states[req, parent]) for [p] rows, and
-        each unit block's share of the rows' u (self.u_shares, read by `children`)."""
-        req, node, parent, token = (t.contiguous() for t in (req, node, parent, token))
+    def gru(self, req, node, parent, token, depth) -> None:
+        """States[req, node] = GRU(embed[token], states[req, parent]) for [p] rows (at
+        their depths), and each unit block's share of the rows' u (self.u_shares, read by
+        `children`). In a step of up to TABLE_ROWS padded requests, the rows whose token
+        is one of their depth's candidates take embed[token] W_ih^T from the table."""
+        req, node, parent, token, depth = (
+            t.contiguous() for t in (req, node, parent, token, depth)
+        )
         s = self.scorer
         p = req.shape[0]
         states = s.states
         splits = self.splits(p)
         _gru_step[(self.unit_blocks, splits, triton.cdiv(p, ROWS_BLOCK))](
-            token, req, parent, node, s.embed_tokens, states, self.w_ih, self.w_hh,
-            self.partials, self.counters, self.w_s, self.u_shares,
+            token, req, parent, node, depth, s.embed_tokens, states, self.w_ih, self.w_hh,
+            self.partials, self.counters, self.w_s, self.u_shares, s.cand, self.gi,
             p, self.partial_rows // splits, s.embed_tokens.stride(0), states.stride(0),
-            states.stride(1), self.w_s.stride(0), self.max_rows,
+            states.stride(1), self.w_s.stride(0), self.max_rows, s.cand.stride(0),
+            s.cand.stride(1), self.gi.stride(0), self.gi.stride(1),
             H=self.hidden, G=self.gru_units, E=self.rank, E_PAD=self.e_pad,
             PRECISION=self.precision,
-            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=K_BLOCK, SPLITS=splits, num_warps=GRU_WARPS,
-            H_SPLIT=_split_width(self.hidden, splits),
-            G_SPLIT=_split_width(self.gru_units, splits),
+            ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=self.k_block, SPLITS=splits,
+            num_warps=GRU_WARPS, H_SPLIT=split_width(self.hidden, splits, self.k_block),
+            G_SPLIT=split_width(self.gru_units, splits, self.k_block),
+            M=s.width, M_PAD=triton.next_power_of_2(s.width), FROM_TABLE=self.tabled(),
         )  # fmt: skip
+
+    def tabled(self) -> bool:
+        """Whether this step's GRU launches read the candidates' table (fill_table)."""
+        return self.scorer.step_rows <= self.gi.shape[0]
+
+    def fill_table(self, n: int) -> None:
+        """The candidates' input products of a step's n requests (after the scorer's
+        prepare has written their candidates), when the step takes them from the table."""
+        if self.tabled():
+            cand = self.scorer.cand[:n]  # [n, K, M] token ids
+            self.gi[:n] = self.scorer.embed_tokens[cand].to(self.w_ih.dtype) @ self.w_ih.T
 
     def children(self, req, node, depth, pop: PopTables | None = None) -> None:
         """The children of [p] rows' nodes (contiguous; states and u's shares written by
@@ -383,7 +469,7 @@ class DominoStep:
         and the same for both builders."""
         programs = triton.cdiv(self.gru_units, UNITS_BLOCK) * triton.cdiv(p, ROWS_BLOCK)
         wanted = min(
-            MAX_SPLITS, triton.cdiv(GRU_PROGRAMS, programs), triton.cdiv(self.hidden, K_BLOCK)
+            MAX_SPLITS, triton.cdiv(GRU_PROGRAMS, programs), triton.cdiv(self.hidden, self.k_block)
         )
         splits = 1
         while (
@@ -411,6 +497,11 @@ class PopTables:
     max_depth: int
 
 
-def _split_width(width: int, splits: int) -> int:
-    """Each split's share of a reduction, in whole steps of K_BLOCK."""
-    return triton.cdiv(triton.cdiv(width, splits), K_BLOCK) * K_BLOCK
+def gru_k_block(dtype: torch.dtype) -> int:
+    """The GRU's reduction step for weights of `dtype` (K_BLOCK's comment)."""
+    return K_BLOCK if dtype.itemsize == 2 else K_BLOCK // 2
+
+
+def split_width(width: int, splits: int, k_block: int) -> int:
+    """Each split's share of a reduction, in whole steps of k_block."""
+    return triton.cdiv(triton.cdiv(width, splits), k_block) * k_block

@@ -90,20 +90,63 @@ def check_step_matches_torch(
         triton_step.states[req, node] = torch_step.states[req, node]
 
 
-def check_trees_equal_heap(seed: int) -> None:
+def check_table_gives_the_products(
+    hidden, gru, rank, vocab, candidates, requests, dtype, tolerance, device="cpu"
+):
+    """A step of at most TABLE_ROWS padded requests: rows below the root whose token is
+    one of their depth's candidates take their input products from the table the
+    scorer's prepare filled, and get the torch step's states and log-probs up to the
+    tolerance; poisoned, the table moves every such row's state and not a root row's
+    (depth 0), which is computed from the weights."""
+    device = torch.device(device)
+    head = random_domino_head(
+        hidden=hidden, vocab=vocab, gru_hidden=gru, emb_dim=rank, device=device, dtype=dtype,
+        seed=6,
+    )  # fmt: skip
+    embed = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(7))
+    torch_step, triton_step = prepared_scorers(
+        head, embed.to(dtype).to(device), requests=requests, depth=4, budget=6,
+        candidates=candidates, children=3, seed=8,
+    )  # fmt: skip
+    assert triton_step.kernel_step.tabled()
+    req = torch.arange(requests, device=device)
+    parent = torch.full_like(req, torch_step.zero_slot)
+    depth = 1 + req % 3
+    token = triton_step.cand[req, depth - 1, (5 * req + 1) % candidates]
+    node = torch.zeros_like(req)
+
+    def states(depth):
+        values, _ = triton_step.children(req, node, parent, token, depth)
+        return triton_step.states[req, node].clone(), values
+
+    got, values = states(depth)
+    want, _ = torch_step.children(req, node, parent, token, depth)
+    state_error = (got.float() - torch_step.states[req, node].float()).abs().max().item()
+    value_error = (values - want).abs().max().item()
+    print(f"tabled rows: states {state_error:.1e}, log-probs {value_error:.1e}")
+    assert state_error < tolerance and value_error < tolerance
+    root = torch.zeros_like(depth)  # the root: no candidate row, the weights' products
+    root_states = states(root)[0]
+    triton_step.kernel_step.gi.fill_(7.0)
+    assert (states(depth)[0] != got).any(1).all()  # every tabled row read the table
+    assert torch.equal(states(root)[0], root_states)  # no root row did
+
+
+def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     """The device builder and the host heap on the Triton step: the same trees, bit for
-    bit (float64 scores, pop order), ties in the marginals included."""
+    bit (float64 scores, pop order), ties in the marginals included. rows: the scorer's
+    requests (up to TABLE_ROWS: the GRU's input products from the candidates' table)."""
     gen = torch.Generator().manual_seed(300 + seed)
     budget = int(torch.randint(1, 20, (1,), generator=gen))
     children = int(torch.randint(1, 5, (1,), generator=gen))
     shape = TreeShape(budget=budget, max_depth=5, max_children=children, spine=bool(seed % 2))
-    requests = int(torch.randint(1, 6, (1,), generator=gen))
+    requests = int(torch.randint(1, min(rows, 5) + 1, (1,), generator=gen))
     vocab, hidden = 40, 24
     head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)
     embed = torch.randn(vocab, hidden, generator=gen)
     ties = seed % 3 == 0
     _, scorer = prepared_scorers(
-        head, embed, requests=8, depth=5, budget=budget, candidates=16, children=children,
+        head, embed, requests=rows, depth=5, budget=budget, candidates=16, children=children,
         seed=seed, prefix_len=5 if ties else 1,
     )  # fmt: skip
     if ties:  # rounded marginals, uncorrected: equal offers from different nodes
@@ -111,7 +154,7 @@ def check_trees_equal_heap(seed: int) -> None:
     anchors = torch.randint(0, vocab, (requests,), generator=gen).tolist()
     host = build_trees(scorer, anchors, shape)
     builder = DeviceTreeBuilder(
-        scorer, shape, chain=False, max_requests=8, device=torch.device("cpu")
+        scorer, shape, chain=False, max_requests=rows, device=torch.device("cpu")
     )
     device = builder.build(torch.tensor(anchors))
     fields = [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in host]

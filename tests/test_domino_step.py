@@ -14,18 +14,25 @@ from vllm_dominotree.tree.scorers import ConditionalScorer
 
 CHECKS = """
 import torch
-from domino_step_checks import check_step_matches_torch, check_trees_equal_heap
+from domino_step_checks import (
+    check_step_matches_torch, check_table_gives_the_products, check_trees_equal_heap,
+)
 
 # (hidden, GRU, rank, vocabulary, candidates, rows): tiles cut at every edge (hidden not a
 # multiple of the reduction step, GRU and rank not of the unit block, a rank below it,
-# candidates not a power of two, two row blocks), and the GRU's reduction in four splits
-# (a hidden size of five reduction steps), with one and two row blocks
+# candidates not a power of two, two row blocks), and the GRU's reduction in eight and in
+# four splits (a hidden size of ten float32 reduction steps), with one and two row blocks
 shapes = [(72, 40, 24, 300, 64, 5), (40, 16, 8, 50, 49, 3), (24, 20, 36, 120, 32, 20)]
 shapes += [(600, 40, 24, 300, 64, 5), (600, 24, 16, 200, 64, 20)]
 for shape in shapes:
     check_step_matches_torch(*shape, torch.float32, 1e-4)
 for seed in range(6):
     check_trees_equal_heap(seed)
+# Steps of one and two requests: the candidates' table (a GRU reduction in splits too)
+for shape in [(72, 40, 24, 300, 64, 1), (600, 24, 16, 200, 49, 2)]:
+    check_table_gives_the_products(*shape, torch.float32, 1e-4)
+for seed in range(6):
+    check_trees_equal_heap(seed, rows=2)
 print("ok")
 """
 
@@ -33,7 +40,9 @@ print("ok")
 def test_triton_step_matches_torch_and_builds_the_heaps_trees():
     out = run_interpreted(CHECKS)
     assert out.count("generation") == 15
-    assert out.count("GRU splits 4") == 2 * 3  # two shapes, three generations each
+    assert out.count("tabled rows") == 2
+    # one shape each, three generations each
+    assert out.count("GRU splits 8") == out.count("GRU splits 4") == 3
 
 
 def test_triton_step_needs_a_top_m_restriction():

@@ -6,9 +6,11 @@ first launch. (Triton here is CI's; the H200's vLLM stage has its own, 3.6 in 20
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 
 import pytest
+import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -151,18 +153,21 @@ def test_the_kv_move_compiles():
 @pytest.mark.parametrize("hidden, gru, rank", [(2560, 1024, 256), (576, 256, 48)])
 def test_the_domino_step_compiles(dtype, hidden, gru, rank, tmp_path):
     precision = "ieee" if dtype == "fp32" else "tf32"
-    tiles = dict(ROWS=domino_step.ROWS_BLOCK, UNITS=domino_step.UNITS_BLOCK, K=domino_step.K_BLOCK)
+    k = domino_step.gru_k_block(torch.float32 if dtype == "fp32" else torch.bfloat16)
+    tiles = dict(ROWS=domino_step.ROWS_BLOCK, UNITS=domino_step.UNITS_BLOCK, K=k)
     rows = dict(Tokens="*i64", Req="*i64", Parent="*i64", Node="*i64", Depth="*i64")
     weights = dict(Embed=f"*{dtype}", States=f"*{dtype}", W_ih=f"*{dtype}", W_hh=f"*{dtype}")
     weights.update(Partials="*fp32", Counters="*i32", W_s=f"*{dtype}", UShares="*fp32")
+    weights.update(Cand="*i64", GI=f"*{dtype}")
     e_pad = max(16, triton.next_power_of_2(rank))
-    for splits in (1, 4):  # the reduction whole, and split with a counted merge
+    # the reduction whole, and split with a counted merge; with and without the table
+    for splits, table in itertools.product((1, 4), (False, True)):
         widths = dict(
-            H_SPLIT=domino_step._split_width(hidden, splits),
-            G_SPLIT=domino_step._split_width(gru, splits),
+            H_SPLIT=domino_step.split_width(hidden, splits, k),
+            G_SPLIT=domino_step.split_width(gru, splits, k),
         )
         constexprs = dict(H=hidden, G=gru, E=rank, E_PAD=e_pad, PRECISION=precision)
-        constexprs.update(SPLITS=splits, **widths)
+        constexprs.update(SPLITS=splits, M=64, M_PAD=64, FROM_TABLE=table, **widths)
         gru_step = compiled(
             domino_step._gru_step,
             {**rows, **weights},
@@ -172,7 +177,7 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank, tmp_path):
         assert gru_step.asm["cubin"] and gru_step.metadata.shared <= H200_SHARED
         # its products' tiles stay in registers (K_BLOCK and GRU_WARPS chosen for it)
         usage = ptxas_usage(gru_step.asm["ptx"], tmp_path)
-        assert "0 bytes spill stores, 0 bytes spill loads" in usage, usage
+        assert "0 bytes spill stores, 0 bytes spill loads" in usage, (splits, table, usage)
     # The children alone (the host heap's call) and ending with the builder's pop, for
     # budget 16 with 16 children and budget 64 with 4; u from the GRU step's shares.
     types = dict(rows, UShares="*fp32", HidPart=f"*{dtype}", U="*fp32")

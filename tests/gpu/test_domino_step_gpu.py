@@ -13,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from domino_step_checks import check_step_matches_torch
+from domino_step_checks import check_step_matches_torch, check_table_gives_the_products
 
 # Every scorer compiles its own torch step (the reference here): the default limit of 8
 # failed this test on the H200 (2026-12-03).
@@ -29,3 +29,13 @@ SHAPES = {"qwen3-4b": (2560, 1024, 256, 151936), "smollm2-135m": (576, 256, 48, 
 def test_triton_step_matches_torch_step(shape, dtype, tolerance, rows):
     hidden, gru, rank, vocab = SHAPES[shape]
     check_step_matches_torch(hidden, gru, rank, vocab, 64, rows, dtype, tolerance, "cuda")
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 0.1)])
+def test_the_candidates_table_gives_the_products(dtype, tolerance, rows):
+    """Steps of one and two requests at the released shapes: the rows below the root take
+    their input products from the candidates' table (a bfloat16 table rounds them as the
+    torch step does), and a poisoned table moves them and no root."""
+    hidden, gru, rank, vocab = SHAPES["qwen3-4b"]
+    check_table_gives_the_products(hidden, gru, rank, vocab, 64, rows, dtype, tolerance, "cuda")

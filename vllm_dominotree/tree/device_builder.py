@@ -226,7 +226,7 @@ class DeviceTreeBuilder:
         shape = self.shape
         pop = PopTables(self._frontier(p), expand, record_seq, pop_seq, out, shape.budget,
                         shape.max_depth)  # fmt: skip
-        self._kernel_step.gru(rows, node, parent, token)
+        self._kernel_step.gru(rows, node, parent, token, depth)
         self._kernel_step.children(rows, node, depth, pop)
         return out
 

@@ -229,6 +229,8 @@ class ConditionalScorer:
             self.base[:n] = values
             self.cand[:n] = self._token_ids(index)
             self.proj_rows[:n] = self.head.proj_out[self.cand[:n]]
+            if self.kernel_step is not None:
+                self.kernel_step.fill_table(n)
         else:
             self.base[:n] = base_logits
 
