@@ -55,7 +55,8 @@ E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
 # Padded batches up to this many requests take the GRU's input products of the nodes
 # below the root from a table of their depth's candidates, filled at prepare (one GEMM):
 # a pop then reads W_hh alone. Larger batches read W_ih once a pop for every row, which
-# costs less than the table (which grows with the rows; docs/fused-build.md).
+# should cost less than the table, which grows with the rows (an estimate from bytes and
+# FLOPs, docs/fused-build.md; `builder_bench.py --table-rows` measures it).
 TABLE_ROWS = 2
 
 
@@ -434,6 +435,8 @@ class DominoStep:
         prepare has written their candidates), when the step takes them from the table."""
         if self.tabled():
             cand = self.scorer.cand[:n]  # [n, K, M] token ids
+            # In the head's dtype: a bf16 table rounds gi as the torch step does (the
+            # kernel's own products keep float32), a float32 one is IEEE.
             self.gi[:n] = self.scorer.embed_tokens[cand].to(self.w_ih.dtype) @ self.w_ih.T
 
     def children(self, req, node, depth, pop: PopTables | None = None) -> None:
