@@ -224,11 +224,19 @@ def test_recurrent_targets_are_refused():
         check_engine_config(config)
 
 
+@pytest.mark.parametrize("mode", ["processed_logprobs", "processed_logits"])
+def test_processed_logprobs_modes_are_refused_at_startup(pair_dirs, mode):
+    """The tree runner reports the target's raw logprobs (test_logprobs.py)."""
+    with pytest.raises(DominoTreeConfigError, match=f"logprobs_mode='{mode}'") as error:
+        make_llm(pair_dirs, dominotree(pair_dirs), logprobs_mode=mode)
+    assert "set logprobs_mode to raw_logprobs" in str(error.value)
+
+
 @pytest.mark.parametrize(
     "option",
     [
-        {"logprobs": 2},
         {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
         {"repetition_penalty": 1.2},
         {"min_tokens": 3},
         {"min_p": 0.1},
@@ -248,6 +256,23 @@ def test_unsupported_request_options_fail_that_request_only(conditional, baselin
     assert name in str(err.value) and "dominotree" in str(err.value)
     # The engine keeps serving.
     assert greedy(conditional, PROMPTS[:1], 16) == greedy(baseline, PROMPTS[:1], 16)
+
+
+def test_logprobs_are_refused_on_the_v2_runner_only():
+    """The V1 tree runner reports them (test_logprobs.py); the V2 runner's trees do not
+    yet, and its engine refuses them with the way out. The OpenAI check, which does not
+    know the engine's runner, leaves them to the engine."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from vllm_dominotree.patches.input_processor import refuse_unsupported, unsupported_features
+
+    params = SamplingParams(logprobs=2)
+    assert unsupported_features(params, "v1") == unsupported_features(params) == []
+    assert unsupported_features(params, "v2") == [("logprobs", 2)]
+    with pytest.raises(VLLMValidationError, match="on model_runner 'v2'") as error:
+        refuse_unsupported(params, "v2")
+    assert "the default 'v1' reports them" in str(error.value)
 
 
 def test_structured_outputs_are_refused(conditional):

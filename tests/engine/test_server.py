@@ -3,8 +3,8 @@
 One `vllm.entrypoints.openai.api_server` subprocess serves the toy target with the
 Domino drafter (`"method": "dominotree"`); plain HTTP requests against it must give
 the offline no-speculation engine's (`baseline`) greedy tokens, stream the same text,
-refuse unsupported options with a 400 that names them, and survive a client that
-hangs up mid-stream.
+report the baseline's logprobs, refuse unsupported options with a 400 that names
+them, and survive a client that hangs up mid-stream.
 """
 
 from __future__ import annotations
@@ -153,7 +153,10 @@ def test_chat_completions_matches_baseline(server, baseline, tokenizer):
         prompt_ids = prompt_ids["input_ids"]
     prompt_ids = list(prompt_ids)
     assert tokenizer.unk_token_id not in prompt_ids  # the template stays in the alphabet
-    want = greedy(baseline, [prompt_ids], MAX_TOKENS)[0]
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
+    want = baseline.generate([{"prompt_token_ids": prompt_ids}], params)[0].outputs[0]
 
     response = server.post(
         "/v1/chat/completions",
@@ -163,6 +166,8 @@ def test_chat_completions_matches_baseline(server, baseline, tokenizer):
             "ignore_eos": True,
             "temperature": 0,
             "return_token_ids": True,
+            "logprobs": True,
+            "top_logprobs": 2,
         },
     )
 
@@ -171,9 +176,16 @@ def test_chat_completions_matches_baseline(server, baseline, tokenizer):
     assert body["prompt_token_ids"] == prompt_ids
     (choice,) = body["choices"]
     assert choice["message"]["role"] == "assistant"
-    assert choice["token_ids"] == want
-    assert choice["message"]["content"] == tokenizer.decode(want, skip_special_tokens=True)
+    assert choice["token_ids"] == list(want.token_ids)
+    assert choice["message"]["content"] == want.text
     assert choice["finish_reason"] == "length"
+    # Each token's logprob and its two best tokens' (by value) as the baseline's.
+    content = choice["logprobs"]["content"]
+    assert len(content) == MAX_TOKENS
+    for token, entry, expected in zip(want.token_ids, content, want.logprobs, strict=True):
+        assert entry["logprob"] == pytest.approx(expected[token].logprob, abs=1e-4)
+        best = sorted(e.logprob for e in expected.values() if e.rank <= 2)
+        assert sorted(t["logprob"] for t in entry["top_logprobs"]) == pytest.approx(best, abs=1e-4)
 
 
 def test_streaming_completion_matches_non_streamed(server, baseline, tokenizer):
@@ -200,15 +212,42 @@ def test_streaming_completion_matches_non_streamed(server, baseline, tokenizer):
     assert finish == ["length"]
 
 
+def test_completion_logprobs_match_baseline(server, baseline, tokenizer):
+    """logprobs=2 over HTTP, streamed: every token's logprob and its two best tokens'
+    are the offline engine's without speculation."""
+    from vllm import SamplingParams
+
+    text = "the quick brown fox"
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
+    want = baseline.generate([{"prompt_token_ids": _ids(tokenizer, text)}], params)[0].outputs[0]
+    token_ids, token_logprobs, top = [], [], []
+    response = server.stream(text, logprobs=2, return_token_ids=True)
+    for event in sse_events(response.iter_lines(decode_unicode=True)):
+        for choice in event["choices"]:
+            token_ids += choice.get("token_ids") or []
+            logprobs = choice.get("logprobs") or {}
+            token_logprobs += logprobs.get("token_logprobs") or []
+            top += logprobs.get("top_logprobs") or []
+    assert token_ids == list(want.token_ids)
+    assert len(token_logprobs) == len(top) == MAX_TOKENS
+    for token, got, best, expected in zip(
+        token_ids, token_logprobs, top, want.logprobs, strict=True
+    ):
+        assert got == pytest.approx(expected[token].logprob, abs=1e-4)
+        # The two best tokens, keyed by their text: compared by their logprobs.
+        wanted = sorted(e.logprob for e in expected.values() if e.rank <= 2)
+        assert sorted(best.values()) == pytest.approx(wanted, abs=1e-4)
+
+
 def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
     response = server.post(
         "/v1/completions",
-        {"prompt": "abc", "max_tokens": 8, "temperature": 0, "logprobs": 2},
+        {"prompt": "abc", "max_tokens": 8, "temperature": 0, "min_tokens": 3},
     )
 
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert "logprobs" in error["message"]
+    assert "min_tokens" in error["message"]
     assert "dominotree" in error["message"]
     assert error["code"] == 400
 

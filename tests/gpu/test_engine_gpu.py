@@ -105,6 +105,23 @@ def test_greedy_equals_no_speculation_under_full_graphs(default_runs, expected, 
         assert stats["mean_leaves"] > 2
 
 
+def test_logprobs_under_full_graphs_equal_no_speculation(dirs):
+    """logprobs=2 with the trees accepted in the accept graphs: each token's lead over
+    its runner-up (and the runner-up) as the engine without speculation reports them,
+    drafted tokens and bonuses alike (engine/acceptance.py accepted_logprobs)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=2)
+    want_tokens, _, want = generate(dirs, None, params=params, margins=True)
+    config = {"method": "dominotree", "model": str(dirs[1])}
+    tokens, stats, got = generate(dirs, config, params=params, margins=True)
+    assert tokens == want_tokens
+    assert stats["graph_accepts"] >= stats["steps"] > 0 and stats["sibling_accepts"] > 0
+    for ours, theirs in zip(got, want, strict=True):
+        assert [runner_up for _, runner_up in ours] == [runner_up for _, runner_up in theirs]
+        assert [lead for lead, _ in ours] == pytest.approx([lead for lead, _ in theirs], abs=1e-4)
+
+
 def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected):
     """The chain on vLLM's V2 runner (model_runner "v2"): vLLM's DFlash speculator
     drafting Domino's chain inside its FULL graph, vLLM's own verification."""

@@ -19,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from vllm.v1.sample.sampler import Sampler
 
 from .tree_step import TreeStep
 
@@ -166,6 +168,32 @@ def accept_trees(
     sampled = sampled[:-1].view(num_reqs, width)
     sampled.scatter_(1, num_accepted[:, None], target[stop].to(torch.int32)[:, None])
     return Accepted(sampled, path[:-1].view(num_reqs, width), num_accepted, accepted)
+
+
+def accepted_logprobs(
+    logits: torch.Tensor,  # [L, V] the step's raw logits rows
+    accepted: Accepted,
+    last_rows: torch.Tensor,  # [R] long: each request's last logits row
+    num_logprobs: int,
+    as_logits: bool = False,
+) -> LogprobsTensors:
+    """The logprobs vLLM reports for the step's tokens (raw: before temperature and
+    top-k/top-p, vLLM's default `logprobs_mode`; as_logits: the raw logits), in its
+    rejection sampler's layout: a row per entry of `accepted.sampled` ([R * W]) with the
+    num_logprobs best tokens and the sampled one; vLLM drops the entries after the bonus.
+    Token j of a request is drawn at the row of its path's node j: the root for j = 0,
+    for j >= 1 the accepted node of depth j."""
+    num_reqs, width = accepted.sampled.shape
+    first = torch.cat([last_rows.new_zeros(1), last_rows[: num_reqs - 1] + 1])  # [R]
+    drawn_at = torch.cat(
+        [accepted.path_offsets.new_zeros(num_reqs, 1), accepted.path_offsets[:, : width - 1]], 1
+    ).clamp(min=0)  # [R, W] offsets from the root; past the bonus the root (dropped)
+    rows = (first[:, None] + drawn_at).flatten()
+    values = logits[rows].float()
+    if not as_logits:
+        values = Sampler.compute_logprobs(values)
+    tokens = accepted.sampled.flatten().clamp(min=0).long()
+    return Sampler.gather_logprobs(values, num_logprobs, tokens)
 
 
 def accept_step(

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample.sampler import Sampler
 
 from ..config import accept_kernel
 from ..metrics import COUNTERS as METRIC_COUNTERS
@@ -37,7 +38,7 @@ from ..stage_clock import StageClock
 from ..tree.scorers import draft_vocab_size
 from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
-from .acceptance import Accepted, draw_targets
+from .acceptance import Accepted, accepted_logprobs, draw_targets
 from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
@@ -392,7 +393,12 @@ class DominoTreeRunnerMixin:
             accepted, counters = result
             self._step_counts.push(counters, step)
             self._accepted = accepted
-        return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=None)
+            num_logprobs = batch.sampling_metadata.max_num_logprobs
+            logprobs = None
+            if num_logprobs is not None:  # some request asks for them
+                as_logits = self.model_config.logprobs_mode == "raw_logits"
+                logprobs = accepted_logprobs(logits, accepted, last_rows, num_logprobs, as_logits)
+        return SamplerOutput(sampled_token_ids=accepted.sampled, logprobs_tensors=logprobs)
 
     def _accept_and_move(
         self,
@@ -412,21 +418,32 @@ class DominoTreeRunnerMixin:
         """vLLM's sampler, except for seeded requests: they draw with the keyed noise of
         the tree steps (acceptance.py), so that every token of a seeded request comes
         from the same function of (seed, position) whether its step verified trees or
-        not (a prefill that ends beside trees, or alone)."""
-        out = super()._sample(logits, None)
+        not (a prefill that ends beside trees, or alone); their logprobs, when asked
+        for, are those of the tokens they drew."""
         metadata = self.input_batch.sampling_metadata
-        if metadata.generators:
-            num_reqs = self.input_batch.num_reqs
-            last_rows = self.query_start_loc.gpu[1 : num_reqs + 1].long() - 1
-            drawn = draw_targets(
-                logits,
-                torch.arange(num_reqs, device=logits.device),
-                [(r, r + 1) for r in range(num_reqs)],
-                self.positions[last_rows] + 1,
-                metadata,
-            )
-            seeded = list(metadata.generators)
-            out.sampled_token_ids[seeded, 0] = drawn[seeded].to(out.sampled_token_ids.dtype)
+        seeded = list(metadata.generators)
+        if not seeded:
+            return super()._sample(logits, None)
+        num_reqs = self.input_batch.num_reqs
+        last_rows = self.query_start_loc.gpu[1 : num_reqs + 1].long() - 1
+        # Drawn, and their raw logits kept, before vLLM's sampler runs: it scales float32
+        # logits by the temperature in place.
+        drawn = draw_targets(
+            logits,
+            torch.arange(num_reqs, device=logits.device),
+            [(r, r + 1) for r in range(num_reqs)],
+            self.positions[last_rows] + 1,
+            metadata,
+        )[seeded]
+        raw = logits[seeded].float()  # [S, V], a copy
+        out = super()._sample(logits, None)
+        out.sampled_token_ids[seeded, 0] = drawn.to(out.sampled_token_ids.dtype)
+        if out.logprobs_tensors is not None:
+            if self.model_config.logprobs_mode != "raw_logits":
+                raw = Sampler.compute_logprobs(raw)
+            ours = Sampler.gather_logprobs(raw, metadata.max_num_logprobs, drawn.long())
+            for theirs, mine in zip(out.logprobs_tensors[:3], ours[:3], strict=True):
+                theirs[seeded] = mine
         return out
 
     def _bookkeeping_sync(self, *args, **kwargs):

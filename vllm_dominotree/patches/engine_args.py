@@ -75,6 +75,12 @@ def check_engine_config(config) -> None:
             f"speculative method 'dominotree' needs an attention-only target; {model.model} "
             "has recurrent (Mamba/linear-attention) layers, whose state cannot follow a tree"
         )
+    if model.logprobs_mode not in ("raw_logprobs", "raw_logits"):
+        raise DominoTreeConfigError(
+            f"logprobs_mode={model.logprobs_mode!r}: speculative method 'dominotree' reports "
+            "the target's raw logprobs (before temperature and top-k/top-p); set "
+            "logprobs_mode to raw_logprobs (the default) or raw_logits"
+        )
     spec = read_spec(config.speculative_config.model)
     try:
         check_fits_target(

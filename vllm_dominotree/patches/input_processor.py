@@ -1,18 +1,21 @@
 """Patch: refuse, per request, what the tree sampler does not implement.
 
 Why: DominoTree replaces vLLM's rejection sampler with sample-and-match over a tree;
-it draws each node's token from temperature / top-k / top-p (and a seed). Features
-that depend on the output so far (penalties, min_tokens), reshape the distribution in
-other ways (logit_bias, min_p, allowed/bad words, structured outputs, thinking budget,
-watermarking) or report per-token logprobs are not implemented, and silently ignoring
-them would change what the user asked for.
+it draws each node's token from temperature / top-k / top-p (and a seed), and reports
+the raw logprobs of the tokens it emits (the tree runner of model_runner "v1"; the V2
+runner's trees report none yet). Features that depend on the output so far (penalties,
+min_tokens), reshape the distribution in other ways (logit_bias, min_p, allowed/bad
+words, structured outputs, thinking budget, watermarking) or ask for the logprobs of
+given tokens are not implemented, and silently ignoring them would change what the user
+asked for.
 How: `InputProcessor._validate_params` is wrapped; for a DominoTree engine it raises
 `VLLMValidationError` naming the parameter: `LLM.generate` raises to the caller, the
 engine and the other requests are untouched. The engine validates a request only once
 its stream has begun, so a streamed request would get HTTP 200 and an error event; in a
 process that built a DominoTree engine the OpenAI requests' `to_sampling_params`
 (completions, chat, responses) are wrapped too, so that the API server answers 400
-before any stream starts.
+before any stream starts (logprobs on the V2 runner: refused by the engine, which the
+parsed request does not name).
 Removal: when the tree sampler implements these features.
 """
 
@@ -27,10 +30,13 @@ from vllm.v1.engine.input_processor import InputProcessor
 from ..speculative import ADDITIONAL_CONFIG_KEY
 
 
-def unsupported_features(params: SamplingParams) -> list[tuple[str, object]]:
-    """(parameter, value) pairs of a request that DominoTree cannot honour."""
+def unsupported_features(
+    params: SamplingParams, model_runner: str | None = None
+) -> list[tuple[str, object]]:
+    """(parameter, value) pairs of a request that DominoTree cannot honour on the given
+    model runner (None: what no runner honours)."""
     checks = [
-        ("logprobs", params.logprobs, params.logprobs is not None),
+        ("logprobs", params.logprobs, params.logprobs is not None and model_runner == "v2"),
         ("presence_penalty", params.presence_penalty, params.presence_penalty != 0),
         ("frequency_penalty", params.frequency_penalty, params.frequency_penalty != 0),
         ("repetition_penalty", params.repetition_penalty, params.repetition_penalty != 1),
@@ -51,14 +57,17 @@ def unsupported_features(params: SamplingParams) -> list[tuple[str, object]]:
     return [(name, value) for name, value, bad in checks if bad]
 
 
-def refuse_unsupported(params: SamplingParams) -> None:
-    bad = unsupported_features(params)
+def refuse_unsupported(params: SamplingParams, model_runner: str | None = None) -> None:
+    bad = unsupported_features(params, model_runner)
     if bad:
         name, value = bad[0]
+        if name == "logprobs":  # the V2 runner's only
+            why = "on model_runner 'v2' (the default 'v1' reports them)"
+        else:
+            why = "(its tree sampler honours temperature, top_k, top_p, seed and logprobs)"
         raise VLLMValidationError(
-            f"{name}={value!r} is not supported with speculative method 'dominotree' "
-            "(its tree sampler honours temperature, top_k, top_p and seed); remove "
-            f"{name} from the request",
+            f"{name}={value!r} is not supported with speculative method 'dominotree' {why}; "
+            f"remove {name} from the request",
             parameter=name,
             value=value,
         )
@@ -71,9 +80,9 @@ def patch_input_processor() -> None:
 
     @functools.wraps(original)
     def _validate_params(self, params, *args, **kwargs):
-        extra = self.vllm_config.additional_config or {}
-        if ADDITIONAL_CONFIG_KEY in extra and isinstance(params, SamplingParams):
-            refuse_unsupported(params)
+        options = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        if options is not None and isinstance(params, SamplingParams):
+            refuse_unsupported(params, options.get("model_runner", "v1"))
         return original(self, params, *args, **kwargs)
 
     _validate_params._dominotree = True
