@@ -235,9 +235,6 @@ def test_processed_logprobs_modes_are_refused_at_startup(pair_dirs, mode):
 @pytest.mark.parametrize(
     "option",
     [
-        {"presence_penalty": 0.5},
-        {"frequency_penalty": 0.5},
-        {"repetition_penalty": 1.2},
         {"min_tokens": 3},
         {"min_p": 0.1},
         {"logit_bias": {3: 1.0}},
@@ -258,21 +255,30 @@ def test_unsupported_request_options_fail_that_request_only(conditional, baselin
     assert greedy(conditional, PROMPTS[:1], 16) == greedy(baseline, PROMPTS[:1], 16)
 
 
-def test_logprobs_are_refused_on_the_v2_runner_only():
-    """The V1 tree runner reports them (test_logprobs.py); the V2 runner's trees do not
-    yet, and its engine refuses them with the way out. The OpenAI check, which does not
-    know the engine's runner, leaves them to the engine."""
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"logprobs": 2},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
+        {"repetition_penalty": 1.2},
+    ],
+)
+def test_what_the_v2_runner_lacks_is_refused_there_only(option):
+    """The V1 tree runner honours these (test_logprobs.py, test_penalties.py); the V2
+    runner's trees do not yet, and its engine refuses them with the way out. The OpenAI
+    check, which does not know the engine's runner, leaves them to the engine."""
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
     from vllm_dominotree.patches.input_processor import refuse_unsupported, unsupported_features
 
-    params = SamplingParams(logprobs=2)
+    params = SamplingParams(**option)
     assert unsupported_features(params, "v1") == unsupported_features(params) == []
-    assert unsupported_features(params, "v2") == [("logprobs", 2)]
+    assert unsupported_features(params, "v2") == list(option.items())
     with pytest.raises(VLLMValidationError, match="on model_runner 'v2'") as error:
         refuse_unsupported(params, "v2")
-    assert "the default 'v1' reports them" in str(error.value)
+    assert "the default 'v1' honours it" in str(error.value)
 
 
 def test_structured_outputs_are_refused(conditional):

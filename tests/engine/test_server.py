@@ -255,10 +255,10 @@ def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
 
 
 def test_unsupported_option_in_a_stream_is_refused_before_it_starts(server, baseline, tokenizer):
-    body = {"prompt": "abc", "max_tokens": 8, "stream": True, "presence_penalty": 0.5}
+    body = {"prompt": "abc", "max_tokens": 8, "stream": True, "logit_bias": {"3": 1.0}}
     response = server.post("/v1/completions", body)
     assert response.status_code == 400, response.text
-    assert "presence_penalty" in response.json()["error"]["message"]
+    assert "logit_bias" in response.json()["error"]["message"]
     chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "min_p": 0.1}
     response = server.post("/v1/chat/completions", chat)
     assert response.status_code == 400, response.text

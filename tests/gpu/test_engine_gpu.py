@@ -122,6 +122,22 @@ def test_logprobs_under_full_graphs_equal_no_speculation(dirs):
         assert [lead for lead, _ in ours] == pytest.approx([lead for lead, _ in theirs], abs=1e-4)
 
 
+def test_penalties_equal_no_speculation(dirs):
+    """Presence / frequency / repetition penalties (engine/acceptance.py penalized): the
+    steps accept eagerly (the accept graphs hold no penalties), each tree row penalized
+    for its own path; greedy output is the target's own with the same penalties."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(
+        temperature=0, max_tokens=64, ignore_eos=True, repetition_penalty=3.0, presence_penalty=1.0
+    )
+    want, _ = generate(dirs, None, params=params)
+    assert want != generate(dirs, None)[0]  # the penalties move the output
+    tokens, stats = generate(dirs, {"method": "dominotree", "model": str(dirs[1])}, params=params)
+    assert tokens == want
+    assert stats["eager_accepts"] >= stats["steps"] > 0 and stats["graph_accepts"] == 0
+
+
 def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected):
     """The chain on vLLM's V2 runner (model_runner "v2"): vLLM's DFlash speculator
     drafting Domino's chain inside its FULL graph, vLLM's own verification."""

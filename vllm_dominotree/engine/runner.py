@@ -38,7 +38,7 @@ from ..stage_clock import StageClock
 from ..tree.scorers import draft_vocab_size
 from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
-from .acceptance import Accepted, accepted_logprobs, draw_targets
+from .acceptance import Accepted, accepted_logprobs, draw_targets, path_tokens, penalized
 from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
@@ -374,17 +374,23 @@ class DominoTreeRunnerMixin:
             last_rows = spec_decode_metadata.cu_num_sampled_tokens.long() - 1
             width = spec_decode_metadata.max_spec_len + 1
             graphs = self._accept_graphs
+            metadata = batch.sampling_metadata
             result = None
-            if graphs is not None and batch.sampling_metadata.all_greedy:
+            if graphs is not None and metadata.all_greedy and metadata.no_penalties:
                 result = graphs(logits, last_rows, width)
             if result is None:
+                drawn_from = logits
+                if not metadata.no_penalties:
+                    self.input_batch.update_async_output_token_ids()
+                    paths = path_tokens(step, logits.shape[1])
+                    drawn_from = penalized(logits, step.request, paths, metadata)
                 target = draw_targets(
-                    logits,
+                    drawn_from,
                     step.request,
                     step.logits_ranges,
                     # A row at (tree) position p draws the token of position p + 1.
                     self.positions[step.token_row] + 1,
-                    batch.sampling_metadata,
+                    metadata,
                 )
                 result = self._accept_and_move(step, target, last_rows, num_reqs, width)
                 self._stats.eager_accepts += 1
@@ -393,7 +399,7 @@ class DominoTreeRunnerMixin:
             accepted, counters = result
             self._step_counts.push(counters, step)
             self._accepted = accepted
-            num_logprobs = batch.sampling_metadata.max_num_logprobs
+            num_logprobs = metadata.max_num_logprobs
             logprobs = None
             if num_logprobs is not None:  # some request asks for them
                 as_logits = self.model_config.logprobs_mode == "raw_logits"
@@ -426,11 +432,16 @@ class DominoTreeRunnerMixin:
             return super()._sample(logits, None)
         num_reqs = self.input_batch.num_reqs
         last_rows = self.query_start_loc.gpu[1 : num_reqs + 1].long() - 1
+        requests = torch.arange(num_reqs, device=logits.device)
         # Drawn, and their raw logits kept, before vLLM's sampler runs: it scales float32
-        # logits by the temperature in place.
+        # logits by the temperature (and penalizes them) in place.
+        drawn_from = logits
+        if not metadata.no_penalties:
+            self.input_batch.update_async_output_token_ids()
+            drawn_from = penalized(logits, requests, None, metadata)
         drawn = draw_targets(
-            logits,
-            torch.arange(num_reqs, device=logits.device),
+            drawn_from,
+            requests,
             [(r, r + 1) for r in range(num_reqs)],
             self.positions[last_rows] + 1,
             metadata,

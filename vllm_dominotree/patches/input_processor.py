@@ -1,11 +1,12 @@
 """Patch: refuse, per request, what the tree sampler does not implement.
 
 Why: DominoTree replaces vLLM's rejection sampler with sample-and-match over a tree;
-it draws each node's token from temperature / top-k / top-p (and a seed), and reports
-the raw logprobs of the tokens it emits (the tree runner of model_runner "v1"; the V2
-runner's trees report none yet). Features that depend on the output so far (penalties,
-min_tokens), reshape the distribution in other ways (logit_bias, min_p, allowed/bad
-words, structured outputs, thinking budget, watermarking) or ask for the logprobs of
+it draws each node's token from temperature / top-k / top-p (and a seed), with the
+presence / frequency / repetition penalties of the node's own path, and reports the raw
+logprobs of the tokens it emits (the tree runner of model_runner "v1"; the V2 runner's
+trees do neither yet). Features that depend on the output so far in other ways
+(min_tokens, bad words), reshape the distribution otherwise (logit_bias, min_p, allowed
+tokens, structured outputs, thinking budget, watermarking) or ask for the logprobs of
 given tokens are not implemented, and silently ignoring them would change what the user
 asked for.
 How: `InputProcessor._validate_params` is wrapped; for a DominoTree engine it raises
@@ -14,8 +15,8 @@ engine and the other requests are untouched. The engine validates a request only
 its stream has begun, so a streamed request would get HTTP 200 and an error event; in a
 process that built a DominoTree engine the OpenAI requests' `to_sampling_params`
 (completions, chat, responses) are wrapped too, so that the API server answers 400
-before any stream starts (logprobs on the V2 runner: refused by the engine, which the
-parsed request does not name).
+before any stream starts (what only the V2 runner lacks is refused by the engine: the
+parsed request does not name the engine's runner).
 Removal: when the tree sampler implements these features.
 """
 
@@ -29,6 +30,9 @@ from vllm.v1.engine.input_processor import InputProcessor
 
 from ..speculative import ADDITIONAL_CONFIG_KEY
 
+# What the V1 tree runner honours and the V2 runner's trees do not yet.
+V1_ONLY = ("logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
 
 def unsupported_features(
     params: SamplingParams, model_runner: str | None = None
@@ -36,7 +40,7 @@ def unsupported_features(
     """(parameter, value) pairs of a request that DominoTree cannot honour on the given
     model runner (None: what no runner honours)."""
     checks = [
-        ("logprobs", params.logprobs, params.logprobs is not None and model_runner == "v2"),
+        ("logprobs", params.logprobs, params.logprobs is not None),
         ("presence_penalty", params.presence_penalty, params.presence_penalty != 0),
         ("frequency_penalty", params.frequency_penalty, params.frequency_penalty != 0),
         ("repetition_penalty", params.repetition_penalty, params.repetition_penalty != 1),
@@ -54,17 +58,24 @@ def unsupported_features(
         ),
         ("watermarking", params.watermarking, bool(params.watermarking)),
     ]
-    return [(name, value) for name, value, bad in checks if bad]
+    return [
+        (name, value)
+        for name, value, asked in checks
+        if asked and (name not in V1_ONLY or model_runner == "v2")
+    ]
 
 
 def refuse_unsupported(params: SamplingParams, model_runner: str | None = None) -> None:
     bad = unsupported_features(params, model_runner)
     if bad:
         name, value = bad[0]
-        if name == "logprobs":  # the V2 runner's only
-            why = "on model_runner 'v2' (the default 'v1' reports them)"
+        if model_runner == "v2" and name in V1_ONLY:
+            why = "on model_runner 'v2' (the default 'v1' honours it)"
         else:
-            why = "(its tree sampler honours temperature, top_k, top_p, seed and logprobs)"
+            why = (
+                "(its tree sampler honours temperature, top_k, top_p, seed, presence, "
+                "frequency and repetition penalties, and logprobs)"
+            )
         raise VLLMValidationError(
             f"{name}={value!r} is not supported with speculative method 'dominotree' {why}; "
             f"remove {name} from the request",
