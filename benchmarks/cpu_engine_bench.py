@@ -65,7 +65,13 @@ def run_method(name, options, dirs, prompts, args):
         disable_log_stats=False,
         speculative_config=spec,
     )
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=args.max_tokens,
+        ignore_eos=True,
+        logprobs=args.logprobs,
+        repetition_penalty=args.repetition_penalty,
+    )
     batch = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(batch[:2], params, use_tqdm=False)  # warm-up
     if spec is not None:
@@ -79,6 +85,12 @@ def run_method(name, options, dirs, prompts, args):
         done = [llm.generate(g, params, use_tqdm=False) for g in groups]
         seconds = time.perf_counter() - start
         result = [list(o.outputs[0].token_ids) for group in done for o in group]
+        if outputs is None and args.logprobs is not None:  # each token's own logprob
+            row["logprobs"] = [
+                [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs, strict=True)]
+                for group in done
+                for c in (o.outputs[0] for o in group)
+            ]
         outputs = outputs or result
         # float32 output does not depend on the batch; bfloat16 output may (no check).
         assert args.dtype != "float32" or result == outputs, f"{name}: batch != single"
@@ -133,6 +145,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="toy pair: how many")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--noise", type=float, default=0.8)
+    parser.add_argument("--logprobs", type=int, default=None, help="per request (vLLM's)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
     args = parser.parse_args()
     if args.methods[0] != "no-spec":
         parser.error("--methods starts with no-spec: the speedups are over it")
@@ -144,6 +158,12 @@ def main() -> None:
             row, outputs = run_method(name, METHODS[name], dirs, prompts, args)
             reference = reference or outputs
             row["equals_no_spec"] = outputs == reference
+            if "logprobs" in row and row["equals_no_spec"]:
+                base = rows[0]["logprobs"] if rows else row["logprobs"]
+                pairs = zip(row["logprobs"], base, strict=True)
+                row["logprob_max_diff"] = max(
+                    abs(a - b) for ours, theirs in pairs for a, b in zip(ours, theirs, strict=True)
+                )
             rows.append(row)
             print(json.dumps(row), flush=True)
     base = rows[0]
@@ -158,13 +178,15 @@ def main() -> None:
     intro = [
         f"# vLLM CPU engine, {meta['pair']} ({meta['machine']})",
         "",
-        f"`{meta['command']}`: {len(prompts)} prompts, {args.max_tokens} greedy tokens each;",
+        f"`{meta['command']}`: {len(prompts)} prompts, {args.max_tokens} greedy tokens each"
+        f" (logprobs {args.logprobs}, repetition penalty {args.repetition_penalty});",
         "batch = all prompts in one generate call, single = one request at a time; ms per",
         f"step ({' / '.join(STAGES)}) from the plugin's stage clock, per mode (no-spec: the",
         "step's ms from its tokens per second).",
     ]
     header = ["method", "accept length", "batch tok/s", "speedup", "single tok/s", "speedup"]
     header += [f"batch ms: {' / '.join(STAGES)}", "single ms: same", "== no-spec"]
+    header += ["logprobs max abs diff"]
     table = [
         [
             r["method"],
@@ -180,6 +202,7 @@ def main() -> None:
                 for mode in ("batch", "single")
             ),
             r["equals_no_spec"],
+            f"{r['logprob_max_diff']:.1e}" if "logprob_max_diff" in r else "-",
         ]
         for r in rows
     ]
