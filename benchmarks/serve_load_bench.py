@@ -199,7 +199,7 @@ def main() -> None:
             "kills vLLM's CPU engine without speculation), on a KV cache of 24 x 32 slots "
             "(the scheduler "
             "preempts); latencies over the completed requests. Without speculation the "
-            "requests with `min_tokens` are not refused: they complete.",
+            "requests with `bad_words` are not refused: they complete.",
         ],
         [
             "",

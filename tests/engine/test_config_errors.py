@@ -235,10 +235,10 @@ def test_processed_logprobs_modes_are_refused_at_startup(pair_dirs, mode):
 @pytest.mark.parametrize(
     "option",
     [
-        {"min_tokens": 3},
+        {"bad_words": ["ab"]},
+        {"logprob_token_ids": [3, 5]},
         {"min_p": 0.1},
         {"logit_bias": {3: 1.0}},
-        {"bad_words": ["ab"]},
     ],
 )
 def test_unsupported_request_options_fail_that_request_only(conditional, baseline, option):
@@ -262,10 +262,12 @@ def test_unsupported_request_options_fail_that_request_only(conditional, baselin
         {"presence_penalty": 0.5},
         {"frequency_penalty": 0.5},
         {"repetition_penalty": 1.2},
+        {"min_tokens": 3},
+        {"allowed_token_ids": [3, 5]},
     ],
 )
 def test_what_the_v2_runner_lacks_is_refused_there_only(option):
-    """The V1 tree runner honours these (test_logprobs.py, test_penalties.py); the V2
+    """The V1 tree runner honours these (test_logprobs.py, test_sampling_constraints.py); the V2
     runner's trees do not yet, and its engine refuses them with the way out. The OpenAI
     check, which does not know the engine's runner, leaves them to the engine."""
     from vllm import SamplingParams

@@ -242,12 +242,12 @@ def test_completion_logprobs_match_baseline(server, baseline, tokenizer):
 def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
     response = server.post(
         "/v1/completions",
-        {"prompt": "abc", "max_tokens": 8, "temperature": 0, "min_tokens": 3},
+        {"prompt": "abc", "max_tokens": 8, "temperature": 0, "bad_words": ["ab"]},
     )
 
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert "min_tokens" in error["message"]
+    assert "bad_words" in error["message"]
     assert "dominotree" in error["message"]
     assert error["code"] == 400
 
@@ -255,14 +255,14 @@ def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
 
 
 def test_unsupported_option_in_a_stream_is_refused_before_it_starts(server, baseline, tokenizer):
-    body = {"prompt": "abc", "max_tokens": 8, "stream": True, "logit_bias": {"3": 1.0}}
+    body = {"prompt": "abc", "max_tokens": 8, "stream": True, "bad_words": ["ab"]}
     response = server.post("/v1/completions", body)
     assert response.status_code == 400, response.text
-    assert "logit_bias" in response.json()["error"]["message"]
-    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "min_p": 0.1}
+    assert "bad_words" in response.json()["error"]["message"]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "bad_words": ["x"]}
     response = server.post("/v1/chat/completions", chat)
     assert response.status_code == 400, response.text
-    assert "min_p" in response.json()["error"]["message"]
+    assert "bad_words" in response.json()["error"]["message"]
 
     _assert_still_serves(server, baseline, tokenizer, "abc")
 

@@ -122,14 +122,19 @@ def test_logprobs_under_full_graphs_equal_no_speculation(dirs):
         assert [lead for lead, _ in ours] == pytest.approx([lead for lead, _ in theirs], abs=1e-4)
 
 
-def test_penalties_equal_no_speculation(dirs):
-    """Presence / frequency / repetition penalties (engine/acceptance.py penalized): the
-    steps accept eagerly (the accept graphs hold no penalties), each tree row penalized
-    for its own path; greedy output is the target's own with the same penalties."""
+def test_sampling_constraints_equal_no_speculation(dirs):
+    """Penalties and allowed tokens (engine/sampling_constraints.py): the
+    steps accept eagerly (the accept graphs hold the plain argmax), each tree row
+    constrained for its own path; greedy output is the target's own under the same."""
     from vllm import SamplingParams
 
     params = SamplingParams(
-        temperature=0, max_tokens=64, ignore_eos=True, repetition_penalty=3.0, presence_penalty=1.0
+        temperature=0,
+        max_tokens=64,
+        ignore_eos=True,
+        repetition_penalty=3.0,
+        presence_penalty=1.0,
+        allowed_token_ids=list(range(0, 64, 2)),
     )
     want, _ = generate(dirs, None, params=params)
     assert want != generate(dirs, None)[0]  # the penalties move the output

@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from vllm.model_executor.layers.utils import apply_penalties
-from vllm.utils.torch_utils import make_tensor_with_pad
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.sampler import Sampler
@@ -36,45 +34,6 @@ class Accepted:
     path_offsets: torch.Tensor  # [R, W] long: row offsets of the path's nodes, -1 after
     num_accepted: torch.Tensor  # [R] long: drafted tokens accepted (bonus excluded)
     accepted: torch.Tensor  # [L] bool: logits rows on an accepted path
-
-
-def path_tokens(step: TreeStep, pad: int) -> torch.Tensor:
-    """[L, W - 1] long: the drafted tokens on each logits row's path (its own and its
-    ancestors' below the root, whose token is the request's last output), `pad` after."""
-    tokens = torch.full((step.num_logits, max(step.width - 1, 0)), pad, device=step.token.device)
-    row = torch.arange(step.num_logits, device=step.token.device)
-    for depth in range(tokens.shape[1]):
-        drafted = step.parent_row[row] >= 0  # a drafted node (a root has no parent)
-        tokens[:, depth] = torch.where(drafted, step.token[row], pad)
-        row = torch.where(drafted, step.parent_row[row], row)
-    return tokens
-
-
-def penalized(
-    logits: torch.Tensor,  # [L, V]
-    row_requests: torch.Tensor,  # [L] long: the request of each row
-    row_paths: torch.Tensor | None,  # [L, D] long: tokens each row adds to its request's output
-    sampling_metadata,
-) -> torch.Tensor:
-    """The logits rows with the requests' presence, frequency and repetition penalties
-    (vLLM's formulas, apply_penalties), a row's output so far being its request's output
-    tokens and the drafted tokens on its path: a new tensor."""
-    vocab = logits.shape[1]
-    outputs = make_tensor_with_pad(
-        sampling_metadata.output_token_ids, pad=vocab, device="cpu", dtype=torch.int64
-    ).to(logits.device)
-    outputs.masked_fill_(outputs == -1, vocab)  # async scheduling's placeholders
-    outputs = outputs[row_requests]
-    if row_paths is not None:
-        outputs = torch.cat([outputs, row_paths], dim=1)
-    return apply_penalties(
-        logits.float().clone(),
-        sampling_metadata.prompt_token_ids[row_requests],
-        outputs,
-        sampling_metadata.presence_penalties[row_requests],
-        sampling_metadata.frequency_penalties[row_requests],
-        sampling_metadata.repetition_penalties[row_requests],
-    )
 
 
 def draw_targets(

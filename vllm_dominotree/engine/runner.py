@@ -38,11 +38,12 @@ from ..stage_clock import StageClock
 from ..tree.scorers import draft_vocab_size
 from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
-from .acceptance import Accepted, accepted_logprobs, draw_targets, path_tokens, penalized
+from .acceptance import Accepted, accepted_logprobs, draw_targets
 from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
+from .sampling_constraints import constrained, path_tokens, reshapes_greedy
 from .step_stats import DominoTreeStats, StepCounts, fold_steps
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 
@@ -376,16 +377,19 @@ class DominoTreeRunnerMixin:
             graphs = self._accept_graphs
             metadata = batch.sampling_metadata
             result = None
-            if graphs is not None and metadata.all_greedy and metadata.no_penalties:
+            if graphs is not None and metadata.all_greedy and not reshapes_greedy(metadata):
                 result = graphs(logits, last_rows, width)
             if result is None:
-                drawn_from = logits
-                if not metadata.no_penalties:
-                    self.input_batch.update_async_output_token_ids()
-                    paths = path_tokens(step, logits.shape[1])
-                    drawn_from = penalized(logits, step.request, paths, metadata)
+                self.input_batch.update_async_output_token_ids()  # penalties read them
                 target = draw_targets(
-                    drawn_from,
+                    constrained(
+                        logits,
+                        step.logits_ranges,
+                        step.request,
+                        step.depth,
+                        lambda: path_tokens(step, logits.shape[1]),
+                        metadata,
+                    ),
                     step.request,
                     step.logits_ranges,
                     # A row at (tree) position p draws the token of position p + 1.
@@ -433,16 +437,16 @@ class DominoTreeRunnerMixin:
         num_reqs = self.input_batch.num_reqs
         last_rows = self.query_start_loc.gpu[1 : num_reqs + 1].long() - 1
         requests = torch.arange(num_reqs, device=logits.device)
+        ranges = [(r, r + 1) for r in range(num_reqs)]
         # Drawn, and their raw logits kept, before vLLM's sampler runs: it scales float32
-        # logits by the temperature (and penalizes them) in place.
-        drawn_from = logits
-        if not metadata.no_penalties:
-            self.input_batch.update_async_output_token_ids()
-            drawn_from = penalized(logits, requests, None, metadata)
+        # logits by the temperature (and constrains them) in place.
+        self.input_batch.update_async_output_token_ids()
         drawn = draw_targets(
-            drawn_from,
+            constrained(
+                logits, ranges, requests, torch.zeros_like(requests), lambda: None, metadata
+            ),
             requests,
-            [(r, r + 1) for r in range(num_reqs)],
+            ranges,
             self.positions[last_rows] + 1,
             metadata,
         )[seeded]

@@ -43,7 +43,7 @@ class LoadRequest:
         if self.kind == "seeded":
             body.update(temperature=0.8, top_p=0.95, seed=1000 + self.index)
         if self.kind == "reject":
-            body["min_tokens"] = 2  # refused by the plugin with a 400
+            body["bad_words"] = ["ab"]  # refused by the plugin with a 400
         return body
 
 

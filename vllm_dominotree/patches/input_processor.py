@@ -1,14 +1,14 @@
 """Patch: refuse, per request, what the tree sampler does not implement.
 
 Why: DominoTree replaces vLLM's rejection sampler with sample-and-match over a tree;
-it draws each node's token from temperature / top-k / top-p (and a seed), with the
-presence / frequency / repetition penalties of the node's own path, and reports the raw
-logprobs of the tokens it emits (the tree runner of model_runner "v1"; the V2 runner's
-trees do neither yet). Features that depend on the output so far in other ways
-(min_tokens, bad words), reshape the distribution otherwise (logit_bias, min_p, allowed
-tokens, structured outputs, thinking budget, watermarking) or ask for the logprobs of
-given tokens are not implemented, and silently ignoring them would change what the user
-asked for.
+it draws each node's token from the target's law as vLLM shapes it (temperature, top-k,
+top-p, a seed; allowed tokens, min_tokens and the presence / frequency / repetition
+penalties for the node's own path: engine/sampling_constraints.py) and reports the raw
+logprobs of the tokens it emits, on the tree runner of model_runner "v1" (the V2
+runner's trees take temperature, top-k, top-p and seeds only, yet). Bad words,
+structured outputs, thinking budgets and watermarking are not implemented, nor the
+logprobs of given tokens (min_p and logit_bias: vLLM refuses them with any speculative
+method), and silently ignoring them would change what the user asked for.
 How: `InputProcessor._validate_params` is wrapped; for a DominoTree engine it raises
 `VLLMValidationError` naming the parameter: `LLM.generate` raises to the caller, the
 engine and the other requests are untouched. The engine validates a request only once
@@ -31,7 +31,14 @@ from vllm.v1.engine.input_processor import InputProcessor
 from ..speculative import ADDITIONAL_CONFIG_KEY
 
 # What the V1 tree runner honours and the V2 runner's trees do not yet.
-V1_ONLY = ("logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty")
+V1_ONLY = (
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "allowed_token_ids",
+)
 
 
 def unsupported_features(
@@ -73,8 +80,8 @@ def refuse_unsupported(params: SamplingParams, model_runner: str | None = None) 
             why = "on model_runner 'v2' (the default 'v1' honours it)"
         else:
             why = (
-                "(its tree sampler honours temperature, top_k, top_p, seed, presence, "
-                "frequency and repetition penalties, and logprobs)"
+                "(its tree sampler honours temperature, top_k, top_p, seed, min_tokens, "
+                "allowed_token_ids, presence, frequency and repetition penalties, and logprobs)"
             )
         raise VLLMValidationError(
             f"{name}={value!r} is not supported with speculative method 'dominotree' {why}; "

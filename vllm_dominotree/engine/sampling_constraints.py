@@ -1,0 +1,112 @@
+"""What shapes a request's target distribution beyond temperature, top-k and top-p, for
+every logits row of a step: a tree row stands for its request's output so far plus the
+drafted tokens on the row's own path (its depth below the root, its path's tokens).
+
+In vLLM's own order (its Sampler): allowed tokens, min_tokens, then the presence /
+frequency / repetition penalties (`constrained`); temperature, top-k and top-p follow
+(acceptance.draw_targets). The values come from vLLM's batch state as its own sampler
+reads them: the sampling metadata's allowed-token mask and penalties, and the built-in
+min_tokens processor's per batch row state, so that a request's law is the one vLLM
+gives it without speculation. Nothing here runs unless some request of the step asks
+for it. (min_p and logit_bias: vLLM refuses them with any speculative method.)
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.layers.utils import apply_penalties
+from vllm.utils.torch_utils import make_tensor_with_pad
+from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+
+from .tree_step import TreeStep
+
+
+def _min_tokens(sampling_metadata) -> dict:
+    """vLLM's min_tokens state: batch row -> (min_tokens, its output so far, its stop
+    tokens, structured), for the requests still short of their min_tokens."""
+    kind = MinTokensLogitsProcessor
+    processor = next((p for p in sampling_metadata.logitsprocs.all if isinstance(p, kind)), None)
+    return processor.min_toks if processor is not None else {}
+
+
+def reshapes_greedy(sampling_metadata) -> bool:
+    """Does some request's law move its argmax (so that a greedy step cannot take the
+    accept graphs, which hold the plain argmax)?"""
+    return (
+        not sampling_metadata.no_penalties
+        or sampling_metadata.allowed_token_ids_mask is not None
+        or bool(_min_tokens(sampling_metadata))
+    )
+
+
+def path_tokens(step: TreeStep, pad: int) -> torch.Tensor:
+    """[L, W - 1] long: the drafted tokens on each logits row's path (its own and its
+    ancestors' below the root, whose token is the request's last output), `pad` after."""
+    tokens = torch.full((step.num_logits, max(step.width - 1, 0)), pad, device=step.token.device)
+    row = torch.arange(step.num_logits, device=step.token.device)
+    for depth in range(tokens.shape[1]):
+        drafted = step.parent_row[row] >= 0  # a drafted node (a root has no parent)
+        tokens[:, depth] = torch.where(drafted, step.token[row], pad)
+        row = torch.where(drafted, step.parent_row[row], row)
+    return tokens
+
+
+def constrained(
+    logits: torch.Tensor,  # [L, V] raw
+    row_ranges: list[tuple[int, int]],  # per batch row (request), its logits rows
+    row_requests: torch.Tensor,  # [L] long: the request of each row
+    row_depths: torch.Tensor,  # [L] long: drafted tokens on each row's path
+    row_paths,  # () -> [L, D] long: those tokens (called for penalties only)
+    sampling_metadata,
+) -> torch.Tensor:
+    """The logits every row draws its target from, before temperature: `logits` itself
+    when no request constrains them, else a float32 copy with the requests' constraints."""
+    if not reshapes_greedy(sampling_metadata):
+        return logits
+    out = logits.float().clone()
+    if sampling_metadata.allowed_token_ids_mask is not None:
+        out.masked_fill_(sampling_metadata.allowed_token_ids_mask[row_requests], float("-inf"))
+    if min_tokens := _min_tokens(sampling_metadata):
+        # Stop tokens are barred from a row while its output (the request's so far and
+        # its path's drafts) is shorter than min_tokens.
+        rows, tokens, short_of = [], [], []
+        for request, (least, outputs, stops, _) in min_tokens.items():
+            first, end = row_ranges[request]
+            for row in range(first, end):
+                rows += [row] * len(stops)
+                tokens += list(stops)
+                short_of += [least - len(outputs)] * len(stops)
+        rows_t = torch.tensor(rows, device=out.device)
+        tokens_t = torch.tensor(tokens, device=out.device)
+        barred = row_depths[rows_t] < torch.tensor(short_of, device=out.device)
+        out[rows_t, tokens_t] = torch.where(barred, float("-inf"), out[rows_t, tokens_t])
+    if not sampling_metadata.no_penalties:
+        out = penalized(out, row_requests, row_paths(), sampling_metadata)
+    return out
+
+
+def penalized(
+    logits: torch.Tensor,  # [L, V] float32, penalized in place
+    row_requests: torch.Tensor,  # [L] long
+    row_paths: torch.Tensor | None,  # [L, D] long: tokens each row adds to its request's output
+    sampling_metadata,
+) -> torch.Tensor:
+    """The rows with the requests' presence, frequency and repetition penalties (vLLM's
+    formulas, apply_penalties), a row's output so far being its request's output tokens
+    and the drafted tokens on its path."""
+    vocab = logits.shape[1]
+    outputs = make_tensor_with_pad(
+        sampling_metadata.output_token_ids, pad=vocab, device="cpu", dtype=torch.int64
+    ).to(logits.device)
+    outputs.masked_fill_(outputs == -1, vocab)  # async scheduling's placeholders
+    outputs = outputs[row_requests]
+    if row_paths is not None:
+        outputs = torch.cat([outputs, row_paths], dim=1)
+    return apply_penalties(
+        logits,
+        sampling_metadata.prompt_token_ids[row_requests],
+        outputs,
+        sampling_metadata.presence_penalties[row_requests],
+        sampling_metadata.frequency_penalties[row_requests],
+        sampling_metadata.repetition_penalties[row_requests],
+    )
