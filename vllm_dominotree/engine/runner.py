@@ -8,7 +8,9 @@ One step, in vLLM's own order (execute_model, then sample_tokens):
              rows whose ancestors are not their causal prefix (cuda_attention.py,
              cpu_attention.py). Under FULL CUDA graphs this is one graph replay.
 3. accept    `_sample`: sample-and-match for every tree at once on the device
-             (acceptance.py), in vLLM's [R, max_spec_len + 1] layout,
+             (acceptance.py; each row's law as vLLM shapes it for the row's own path:
+             sampling_constraints.py), in vLLM's [R, max_spec_len + 1] layout, with the
+             emitted tokens' logprobs when asked for,
 4. commit    with the accepted paths' K/V moved into rows 1..k (commit.py); greedy
              steps on CUDA replay both as one graph (accept_graphs.py). Then, right
              before the proposer runs, the drafter's rows reordered (root, path, rest)
