@@ -9,8 +9,14 @@ import pytest
 import torch
 from acceptance_cases import random_step
 
-from vllm_dominotree.engine.acceptance import accept_trees, keyed_exponential, step_counters
+from vllm_dominotree.engine.acceptance import (
+    accept_trees,
+    accepted_logprobs,
+    keyed_exponential,
+    step_counters,
+)
 from vllm_dominotree.engine.commit import drafter_rows_first, moved_rows
+from vllm_dominotree.engine.sampling_constraints import path_tokens
 from vllm_dominotree.tree.acceptance import accept, sibling_accepts
 
 
@@ -37,6 +43,48 @@ def test_batched_acceptance_equals_the_host_walk(seed):
         moves += path != list(range(1, len(path) + 1))
         leaves += sum(not children for children in tree.children)
     assert step_counters(step, got).tolist() == [accepted, siblings, moves, leaves]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_each_tokens_logprobs_come_from_its_parents_row(seed):
+    """Token j of a request is drawn at its path's node j (the root for j = 0): its
+    reported logprob is that row's log-softmax at the token, and the best token of that
+    row ranks first."""
+    step, _, target, last_rows, _ = random_step(seed)
+    got = accept_trees(step, target, last_rows, 7, 13)
+    logits = torch.randn(step.num_logits, 3, generator=torch.Generator().manual_seed(seed))
+    logprobs = accepted_logprobs(logits, got, last_rows[:7], 1)
+    want = logits.log_softmax(-1)
+    for r in range(7):
+        first = int(last_rows[r - 1]) + 1 if r else 0
+        k = int(got.num_accepted[r])
+        for j, row in enumerate([first] + [first + o for o in got.path_offsets[r, :k].tolist()]):
+            token = int(got.sampled[r, j])
+            entry = r * 13 + j
+            assert logprobs.logprobs[entry, 0] == pytest.approx(float(want[row, token]))
+            assert logprobs.logprob_token_ids[entry, 1] == want[row].argmax()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_each_rows_path_tokens_are_its_drafted_ancestors(seed):
+    """Penalties count, for a tree row, the drafted tokens from the root's child down to
+    the row itself (engine/sampling_constraints.path_tokens); none for roots and rows
+    outside trees."""
+    step, host, _, _, _ = random_step(seed, vocab=50)
+    paths = path_tokens(step, pad=50)
+    trees = dict(host)
+    for row in range(step.num_logits):
+        got = sorted(t for t in paths[row].tolist() if t != 50)
+        r, offset = int(step.request[row]), int(step.offset[row])
+        tree = trees.get(r)
+        if tree is None or not step.in_tree[row] or offset >= tree.num_nodes:
+            assert got == [], (row, got)
+            continue
+        node, want = offset, []
+        while tree.parents[node] >= 0:
+            want.append(tree.tokens[node])
+            node = tree.parents[node]
+        assert got == sorted(want), (row, got, want)
 
 
 def test_drafter_rows_follow_the_path_and_positions_stay_unique():
