@@ -237,8 +237,6 @@ def test_processed_logprobs_modes_are_refused_at_startup(pair_dirs, mode):
     [
         {"bad_words": ["ab"]},
         {"logprob_token_ids": [3, 5]},
-        {"min_p": 0.1},
-        {"logit_bias": {3: 1.0}},
     ],
 )
 def test_unsupported_request_options_fail_that_request_only(conditional, baseline, option):
@@ -262,7 +260,9 @@ def test_unsupported_request_options_fail_that_request_only(conditional, baselin
         {"presence_penalty": 0.5},
         {"frequency_penalty": 0.5},
         {"repetition_penalty": 1.2},
+        {"min_p": 0.1},
         {"min_tokens": 3},
+        {"logit_bias": {3: 1.0}},
         {"allowed_token_ids": [3, 5]},
     ],
 )

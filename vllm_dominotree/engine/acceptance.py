@@ -42,13 +42,20 @@ def draw_targets(
     row_ranges: list[tuple[int, int]],  # per request, its logits rows [first, end)
     row_positions: torch.Tensor,  # [L] long: the position of the token each row draws
     sampling_metadata,
+    min_p: torch.Tensor | None = None,  # [L]: each row's min_p (sampling_constraints.py)
 ) -> torch.Tensor:
-    """The target's token at every logits row, [L] long."""
+    """The target's token at every logits row, [L] long: greedy, or drawn after the
+    temperature, min_p, top-k and top-p (vLLM's order)."""
     greedy = logits.argmax(dim=-1)
     if sampling_metadata.all_greedy:
         return greedy
     temperature = sampling_metadata.temperature[row_requests]
     scaled = logits.float() / torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)[:, None]
+    if min_p is not None:  # tokens less likely than min_p x the likeliest one are out
+        probs = scaled.softmax(dim=-1)
+        scaled.masked_fill_(
+            probs < probs.amax(dim=-1, keepdim=True) * min_p[:, None], float("-inf")
+        )
 
     def per_row(values):
         return None if values is None else values[row_requests]

@@ -35,7 +35,7 @@ from vllm.v1.sample.sampler import Sampler
 from ..config import accept_kernel
 from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
-from ..patches.worker_classes import runner_builds_proposer
+from ..patches.worker_classes import runner_builds_every_logitsproc, runner_builds_proposer
 from ..stage_clock import StageClock
 from ..tree.scorers import draft_vocab_size
 from . import attention_check, tree_attention_setup
@@ -45,7 +45,7 @@ from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
-from .sampling_constraints import constrained, path_tokens, reshapes_greedy
+from .sampling_constraints import constrained, min_p_rows, path_tokens, reshapes_greedy
 from .step_stats import DominoTreeStats, StepCounts, fold_steps
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 
@@ -83,7 +83,7 @@ class DominoTreeRunnerMixin:
     def __init__(self, vllm_config, device):
         # The proposer, built inside vLLM's __init__ with this runner, shares the clock.
         self.stage_clock = StageClock(torch.device(device))
-        with runner_builds_proposer(DominoTreeProposer):
+        with runner_builds_proposer(DominoTreeProposer), runner_builds_every_logitsproc():
             super().__init__(vllm_config, device)
         assert isinstance(self.drafter, DominoTreeProposer), "see patches/worker_classes.py"
         self.launch_trace = LaunchTrace()
@@ -397,6 +397,7 @@ class DominoTreeRunnerMixin:
                     # A row at (tree) position p draws the token of position p + 1.
                     self.positions[step.token_row] + 1,
                     metadata,
+                    min_p_rows(metadata, step.request),
                 )
                 result = self._accept_and_move(step, target, last_rows, num_reqs, width)
                 self._stats.eager_accepts += 1
@@ -451,6 +452,7 @@ class DominoTreeRunnerMixin:
             ranges,
             self.positions[last_rows] + 1,
             metadata,
+            min_p_rows(metadata, requests),
         )[seeded]
         raw = logits[seeded].float()  # [S, V], a copy
         out = super()._sample(logits, None)

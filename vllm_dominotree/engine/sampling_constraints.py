@@ -2,13 +2,14 @@
 every logits row of a step: a tree row stands for its request's output so far plus the
 drafted tokens on the row's own path (its depth below the root, its path's tokens).
 
-In vLLM's own order (its Sampler): allowed tokens, min_tokens, then the presence /
-frequency / repetition penalties (`constrained`); temperature, top-k and top-p follow
-(acceptance.draw_targets). The values come from vLLM's batch state as its own sampler
-reads them: the sampling metadata's allowed-token mask and penalties, and the built-in
-min_tokens processor's per batch row state, so that a request's law is the one vLLM
-gives it without speculation. Nothing here runs unless some request of the step asks
-for it. (min_p and logit_bias: vLLM refuses them with any speculative method.)
+In vLLM's own order (its Sampler): allowed tokens, min_tokens, logit_bias, then the
+presence / frequency / repetition penalties (`constrained`); after the temperature
+min_p (`min_p_rows`, which acceptance.draw_targets applies), then top-k and top-p. The
+values come from vLLM's batch state as its own sampler reads them: the sampling
+metadata's allowed-token mask and penalties, and the built-in logits processors' per
+batch row state (min_tokens, logit_bias, min_p), so that a request's law is the one
+vLLM gives it without speculation. Nothing here runs unless some request of the step
+asks for it.
 """
 
 from __future__ import annotations
@@ -16,17 +17,30 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.layers.utils import apply_penalties
 from vllm.utils.torch_utils import make_tensor_with_pad
-from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import (
+    LogitBiasLogitsProcessor,
+    MinPLogitsProcessor,
+    MinTokensLogitsProcessor,
+)
 
 from .tree_step import TreeStep
+
+
+def _builtin(sampling_metadata, kind):
+    return next((p for p in sampling_metadata.logitsprocs.all if isinstance(p, kind)), None)
 
 
 def _min_tokens(sampling_metadata) -> dict:
     """vLLM's min_tokens state: batch row -> (min_tokens, its output so far, its stop
     tokens, structured), for the requests still short of their min_tokens."""
-    kind = MinTokensLogitsProcessor
-    processor = next((p for p in sampling_metadata.logitsprocs.all if isinstance(p, kind)), None)
+    processor = _builtin(sampling_metadata, MinTokensLogitsProcessor)
     return processor.min_toks if processor is not None else {}
+
+
+def _logit_bias(sampling_metadata) -> dict:
+    """vLLM's logit_bias state: batch row -> {token: bias}."""
+    processor = _builtin(sampling_metadata, LogitBiasLogitsProcessor)
+    return processor.biases if processor is not None else {}
 
 
 def reshapes_greedy(sampling_metadata) -> bool:
@@ -36,6 +50,7 @@ def reshapes_greedy(sampling_metadata) -> bool:
         not sampling_metadata.no_penalties
         or sampling_metadata.allowed_token_ids_mask is not None
         or bool(_min_tokens(sampling_metadata))
+        or bool(_logit_bias(sampling_metadata))
     )
 
 
@@ -80,6 +95,16 @@ def constrained(
         tokens_t = torch.tensor(tokens, device=out.device)
         barred = row_depths[rows_t] < torch.tensor(short_of, device=out.device)
         out[rows_t, tokens_t] = torch.where(barred, float("-inf"), out[rows_t, tokens_t])
+    if logit_bias := _logit_bias(sampling_metadata):
+        rows, tokens, biases = [], [], []
+        for request, bias in logit_bias.items():
+            first, end = row_ranges[request]
+            for row in range(first, end):
+                rows += [row] * len(bias)
+                tokens += list(bias)
+                biases += list(bias.values())
+        index = (torch.tensor(rows, device=out.device), torch.tensor(tokens, device=out.device))
+        out[index] += torch.tensor(biases, device=out.device)
     if not sampling_metadata.no_penalties:
         out = penalized(out, row_requests, row_paths(), sampling_metadata)
     return out
@@ -110,3 +135,11 @@ def penalized(
         sampling_metadata.frequency_penalties[row_requests],
         sampling_metadata.repetition_penalties[row_requests],
     )
+
+
+def min_p_rows(sampling_metadata, row_requests: torch.Tensor) -> torch.Tensor | None:
+    """[L] float32: each row's request's min_p, None when no request sets one."""
+    processor = _builtin(sampling_metadata, MinPLogitsProcessor)
+    if processor is None or not processor.min_p_count:
+        return None
+    return processor.min_p.view(-1)[row_requests]

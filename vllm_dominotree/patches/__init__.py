@@ -5,8 +5,10 @@ names each one depends on:
 
 - engine_args (process 0: LLM / API server): `"method": "dominotree"` -> DFlash + options.
   `EngineArgs.create_engine_config`, `SpeculativeConfig` (method "dflash").
-- input_processor (process 0): refuses per-request features the tree sampler lacks.
-  `InputProcessor._validate_params`, `SamplingParams` fields, and (once a DominoTree
+- input_processor (process 0): refuses per-request features the tree sampler lacks, and
+  lifts vLLM's refusal of min_p and logit_bias for the V1 tree runner.
+  `InputProcessor._validate_params`, `SamplingParams` fields and `_validate_spec_decode`,
+  and (once a DominoTree
   engine is built in the process) `to_sampling_params` of `CompletionRequest`,
   `ChatCompletionRequest`, `ResponsesRequest`.
 - metrics_snapshot (process 0): `LLM.get_metrics()` lists the plugin's figures too.
@@ -14,9 +16,10 @@ names each one depends on:
 - model_runner_choice (every process): a DominoTree engine runs the model runner its
   `model_runner` option names (V1 by default). `VllmConfig.use_v2_model_runner`.
 - worker_classes (DominoTree workers): the runner class the CPU worker builds, the
-  proposer class the V1 runner builds and the speculator the V2 runner builds.
-  `cpu_worker.CPUModelRunner`, `cpu.model_runner.CPUModelRunner`,
-  `gpu_model_runner.DFlashProposer`, `gpu.model_runner.init_speculator`.
+  proposer class and the logits processors the V1 runner builds and the speculator the
+  V2 runner builds. `cpu_worker.CPUModelRunner`, `cpu.model_runner.CPUModelRunner`,
+  `gpu_model_runner.DFlashProposer`, `gpu_model_runner.build_logitsprocs`,
+  `logits_processor.BUILTIN_LOGITS_PROCESSORS`, `gpu.model_runner.init_speculator`.
 - worker_registrations (DominoTree workers): `DFlashDraftModel` also loads Domino's
   weights; the attention backends gain tree verification. `ModelRegistry.register_model`,
   `attention.backends.registry.register_backend` (CPU_ATTN, FLASH_ATTN, TRITON_ATTN).

@@ -2,13 +2,16 @@
 
 Why: DominoTree replaces vLLM's rejection sampler with sample-and-match over a tree;
 it draws each node's token from the target's law as vLLM shapes it (temperature, top-k,
-top-p, a seed; allowed tokens, min_tokens and the presence / frequency / repetition
-penalties for the node's own path: engine/sampling_constraints.py) and reports the raw
-logprobs of the tokens it emits, on the tree runner of model_runner "v1" (the V2
-runner's trees take temperature, top-k, top-p and seeds only, yet). Bad words,
-structured outputs, thinking budgets and watermarking are not implemented, nor the
-logprobs of given tokens (min_p and logit_bias: vLLM refuses them with any speculative
-method), and silently ignoring them would change what the user asked for.
+top-p, min_p, a seed; allowed tokens, min_tokens, logit_bias and the presence /
+frequency / repetition penalties for the node's own path: engine/sampling_constraints.py)
+and reports the raw logprobs of the tokens it emits, on the tree runner of model_runner
+"v1" (the V2 runner's trees take temperature, top-k, top-p and seeds only, yet). Bad
+words, structured outputs, thinking budgets and watermarking are not implemented, nor
+the logprobs of given tokens, and silently ignoring them would change what the user
+asked for. vLLM refuses min_p and logit_bias with any speculative method (its rejection
+sampler lacks them); the tree sampler draws each row's target from the reshaped law and
+accepts a draft only if it equals it, which stays lossless under any such reshaping, so
+for the V1 tree runner that refusal is lifted.
 How: `InputProcessor._validate_params` is wrapped; for a DominoTree engine it raises
 `VLLMValidationError` naming the parameter: `LLM.generate` raises to the caller, the
 engine and the other requests are untouched. The engine validates a request only once
@@ -16,12 +19,15 @@ its stream has begun, so a streamed request would get HTTP 200 and an error even
 process that built a DominoTree engine the OpenAI requests' `to_sampling_params`
 (completions, chat, responses) are wrapped too, so that the API server answers 400
 before any stream starts (what only the V2 runner lacks is refused by the engine: the
-parsed request does not name the engine's runner).
+parsed request does not name the engine's runner). `SamplingParams._validate_spec_decode`
+(vLLM's min_p / logit_bias refusal) is wrapped to pass while a V1 DominoTree engine
+validates a request (a context variable set around the original `_validate_params`).
 Removal: when the tree sampler implements these features.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 
 from vllm.exceptions import VLLMValidationError
@@ -36,9 +42,14 @@ V1_ONLY = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "min_p",
     "min_tokens",
+    "logit_bias",
     "allowed_token_ids",
 )
+# Set while a V1 DominoTree engine validates a request: vLLM's refusal of min_p and
+# logit_bias under speculative decoding does not apply to its tree sampler.
+_TREE_SAMPLER = contextvars.ContextVar("dominotree_tree_sampler", default=False)
 
 
 def unsupported_features(
@@ -80,8 +91,9 @@ def refuse_unsupported(params: SamplingParams, model_runner: str | None = None) 
             why = "on model_runner 'v2' (the default 'v1' honours it)"
         else:
             why = (
-                "(its tree sampler honours temperature, top_k, top_p, seed, min_tokens, "
-                "allowed_token_ids, presence, frequency and repetition penalties, and logprobs)"
+                "(its tree sampler honours temperature, top_k, top_p, min_p, seed, min_tokens, "
+                "logit_bias, allowed_token_ids, presence, frequency and repetition penalties, "
+                "and logprobs)"
             )
         raise VLLMValidationError(
             f"{name}={value!r} is not supported with speculative method 'dominotree' {why}; "
@@ -99,12 +111,27 @@ def patch_input_processor() -> None:
     @functools.wraps(original)
     def _validate_params(self, params, *args, **kwargs):
         options = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
-        if options is not None and isinstance(params, SamplingParams):
-            refuse_unsupported(params, options.get("model_runner", "v1"))
-        return original(self, params, *args, **kwargs)
+        if options is None or not isinstance(params, SamplingParams):
+            return original(self, params, *args, **kwargs)
+        model_runner = options.get("model_runner", "v1")
+        refuse_unsupported(params, model_runner)
+        token = _TREE_SAMPLER.set(model_runner == "v1")
+        try:
+            return original(self, params, *args, **kwargs)
+        finally:
+            _TREE_SAMPLER.reset(token)
 
     _validate_params._dominotree = True
     InputProcessor._validate_params = _validate_params
+
+    check = SamplingParams._validate_spec_decode
+
+    @functools.wraps(check)
+    def _validate_spec_decode(self, speculative_config):
+        if not _TREE_SAMPLER.get():
+            check(self, speculative_config)
+
+    SamplingParams._validate_spec_decode = _validate_spec_decode
 
 
 def patch_openai_requests() -> None:

@@ -3,7 +3,10 @@
 Why: `CPUWorker.init_device` builds `CPUModelRunner` (V1) or `cpu.model_runner.
 CPUModelRunner` (V2), the V1 runner builds `DFlashProposer` for method "dflash" and the
 V2 runner builds its speculator with `init_speculator`, all by module-level name with
-no hook.
+no hook. The V1 runner also builds its batch's logits processors with
+`build_logitsprocs`, which under any speculative method leaves out min_p and logit_bias
+(vLLM's rejection sampler lacks them); the tree runner applies them per tree row
+(engine/sampling_constraints.py), so it builds vLLM's built-in set.
 How: while the DominoTree CPU worker initialises its device (engine/cpu_worker.py) and
 while the tree runner or the V2 runner initialises (engine/runner.py,
 engine/v2_runner.py), those module attributes point at the DominoTree classes (passed
@@ -58,3 +61,22 @@ def runner_builds_proposer(proposer_cls):
     import vllm.v1.worker.gpu_model_runner as gpu_model_runner
 
     return _swapped(gpu_model_runner, "DFlashProposer", proposer_cls)
+
+
+def runner_builds_every_logitsproc():
+    """The V1 runner's `__init__` builds vLLM's built-in logits processors (min_p,
+    logit_bias, min_tokens) for its batch; custom ones and pooling models get vLLM's own
+    answer (a refusal under speculative decoding)."""
+    import vllm.v1.worker.gpu_model_runner as gpu_model_runner
+    from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
+
+    original = gpu_model_runner.build_logitsprocs
+
+    def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom=()):
+        if is_pooling_model or custom:
+            return original(vllm_config, device, is_pin_memory, is_pooling_model, custom)
+        return LogitsProcessors(
+            ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS
+        )
+
+    return _swapped(gpu_model_runner, "build_logitsprocs", build_logitsprocs)
