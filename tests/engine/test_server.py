@@ -239,6 +239,22 @@ def test_completion_logprobs_match_baseline(server, baseline, tokenizer):
         assert sorted(best.values()) == pytest.approx(wanted, abs=1e-4)
 
 
+def test_constrained_completion_matches_baseline(server, baseline, tokenizer):
+    """logit_bias, a repetition penalty and min_tokens over HTTP (the first two refused by
+    vLLM's own speculative methods): the offline engine's greedy tokens without
+    speculation under the same."""
+    from vllm import SamplingParams
+
+    text, bias = "the quick brown fox", {7: 3.0, 40: -100.0}
+    params = SamplingParams(
+        temperature=0, max_tokens=MAX_TOKENS, logit_bias=bias, repetition_penalty=2.0, min_tokens=8
+    )
+    want = baseline.generate([{"prompt_token_ids": _ids(tokenizer, text)}], params)[0].outputs[0]
+    body = {"logit_bias": {str(t): b for t, b in bias.items()}, "repetition_penalty": 2.0}
+    choice = server.complete(text, ignore_eos=False, min_tokens=8, **body)["choices"][0]
+    assert choice["token_ids"] == list(want.token_ids)
+
+
 def test_unsupported_option_is_refused_with_400(server, baseline, tokenizer):
     response = server.post(
         "/v1/completions",

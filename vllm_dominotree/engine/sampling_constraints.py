@@ -43,6 +43,23 @@ def _logit_bias(sampling_metadata) -> dict:
     return processor.biases if processor is not None else {}
 
 
+def _on_rows(per_request: dict, row_ranges: list[tuple[int, int]], device) -> tuple:
+    """{batch row: {token: value}} -> (logits rows, tokens, values) tensors: each
+    request's entries on every one of its logits rows."""
+    rows, tokens, values = [], [], []
+    for request, entries in per_request.items():
+        first, end = row_ranges[request]
+        for row in range(first, end):
+            rows += [row] * len(entries)
+            tokens += list(entries)
+            values += list(entries.values())
+    return (
+        torch.tensor(rows, device=device),
+        torch.tensor(tokens, device=device),
+        torch.tensor(values, device=device),
+    )
+
+
 def reshapes_greedy(sampling_metadata) -> bool:
     """Does some request's law move its argmax (so that a greedy step cannot take the
     accept graphs, which hold the plain argmax)?"""
@@ -84,27 +101,16 @@ def constrained(
     if min_tokens := _min_tokens(sampling_metadata):
         # Stop tokens are barred from a row while its output (the request's so far and
         # its path's drafts) is shorter than min_tokens.
-        rows, tokens, short_of = [], [], []
-        for request, (least, outputs, stops, _) in min_tokens.items():
-            first, end = row_ranges[request]
-            for row in range(first, end):
-                rows += [row] * len(stops)
-                tokens += list(stops)
-                short_of += [least - len(outputs)] * len(stops)
-        rows_t = torch.tensor(rows, device=out.device)
-        tokens_t = torch.tensor(tokens, device=out.device)
-        barred = row_depths[rows_t] < torch.tensor(short_of, device=out.device)
-        out[rows_t, tokens_t] = torch.where(barred, float("-inf"), out[rows_t, tokens_t])
+        per_request = {
+            request: {stop: least - len(outputs) for stop in stops}
+            for request, (least, outputs, stops, _) in min_tokens.items()
+        }
+        rows, tokens, short_of = _on_rows(per_request, row_ranges, out.device)
+        barred = row_depths[rows] < short_of
+        out[rows, tokens] = torch.where(barred, float("-inf"), out[rows, tokens])
     if logit_bias := _logit_bias(sampling_metadata):
-        rows, tokens, biases = [], [], []
-        for request, bias in logit_bias.items():
-            first, end = row_ranges[request]
-            for row in range(first, end):
-                rows += [row] * len(bias)
-                tokens += list(bias)
-                biases += list(bias.values())
-        index = (torch.tensor(rows, device=out.device), torch.tensor(tokens, device=out.device))
-        out[index] += torch.tensor(biases, device=out.device)
+        rows, tokens, biases = _on_rows(logit_bias, row_ranges, out.device)
+        out[rows, tokens] += biases.to(out.dtype)
     if not sampling_metadata.no_penalties:
         out = penalized(out, row_requests, row_paths(), sampling_metadata)
     return out
