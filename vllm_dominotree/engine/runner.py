@@ -40,12 +40,12 @@ from ..stage_clock import StageClock
 from ..tree.scorers import draft_vocab_size
 from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
-from .acceptance import Accepted, accepted_logprobs, draw_targets
+from .acceptance import Accepted, accepted_logprobs
 from .commit import drafter_rows_first, target_kv
 from .profiling import LaunchTrace
 from .proposer import DominoTreeProposer
 from .rank_check import make_rank_check
-from .sampling_constraints import constrained, min_p_rows, path_tokens, reshapes_greedy
+from .sampling_constraints import draw_constrained, path_tokens, reshapes_greedy
 from .step_stats import DominoTreeStats, StepCounts, fold_steps
 from .tree_step import TreeRows, TreeStep, TreeStepBuffers, TreeVerification, install
 
@@ -383,21 +383,15 @@ class DominoTreeRunnerMixin:
                 result = graphs(logits, last_rows, width)
             if result is None:
                 self.input_batch.update_async_output_token_ids()  # penalties read them
-                target = draw_targets(
-                    constrained(
-                        logits,
-                        step.logits_ranges,
-                        step.request,
-                        step.depth,
-                        lambda: path_tokens(step, logits.shape[1]),
-                        metadata,
-                    ),
-                    step.request,
+                target = draw_constrained(
+                    logits,
                     step.logits_ranges,
+                    step.request,
+                    step.depth,
+                    lambda: path_tokens(step, logits.shape[1]),
                     # A row at (tree) position p draws the token of position p + 1.
                     self.positions[step.token_row] + 1,
                     metadata,
-                    min_p_rows(metadata, step.request),
                 )
                 result = self._accept_and_move(step, target, last_rows, num_reqs, width)
                 self._stats.eager_accepts += 1
@@ -444,15 +438,14 @@ class DominoTreeRunnerMixin:
         # Drawn, and their raw logits kept, before vLLM's sampler runs: it scales float32
         # logits by the temperature (and constrains them) in place.
         self.input_batch.update_async_output_token_ids()
-        drawn = draw_targets(
-            constrained(
-                logits, ranges, requests, torch.zeros_like(requests), lambda: None, metadata
-            ),
-            requests,
+        drawn = draw_constrained(
+            logits,
             ranges,
+            requests,
+            torch.zeros_like(requests),  # no drafts: every row is its request's next token
+            lambda: None,
             self.positions[last_rows] + 1,
             metadata,
-            min_p_rows(metadata, requests),
         )[seeded]
         raw = logits[seeded].float()  # [S, V], a copy
         out = super()._sample(logits, None)

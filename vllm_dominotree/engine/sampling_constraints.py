@@ -4,7 +4,8 @@ drafted tokens on the row's own path (its depth below the root, its path's token
 
 In vLLM's own order (its Sampler): allowed tokens, min_tokens, logit_bias, then the
 presence / frequency / repetition penalties (`constrained`); after the temperature
-min_p (`min_p_rows`, which acceptance.draw_targets applies), then top-k and top-p. The
+min_p (`min_p_rows`, which acceptance.draw_targets applies), then top-k and top-p;
+`draw_constrained` is the whole draw. The
 values come from vLLM's batch state as its own sampler reads them: the sampling
 metadata's allowed-token mask and penalties, and the built-in logits processors' per
 batch row state (min_tokens, logit_bias, min_p), so that a request's law is the one
@@ -23,6 +24,7 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinTokensLogitsProcessor,
 )
 
+from .acceptance import draw_targets
 from .tree_step import TreeStep
 
 
@@ -149,3 +151,24 @@ def min_p_rows(sampling_metadata, row_requests: torch.Tensor) -> torch.Tensor | 
     if processor is None or not processor.min_p_count:
         return None
     return processor.min_p.view(-1)[row_requests]
+
+
+def draw_constrained(
+    logits: torch.Tensor,  # [L, V] raw (left as they are)
+    row_ranges: list[tuple[int, int]],  # per batch row (request), its logits rows
+    row_requests: torch.Tensor,  # [L] long
+    row_depths: torch.Tensor,  # [L] long: drafted tokens on each row's path
+    row_paths,  # () -> [L, D] long: those tokens (called for penalties only)
+    row_positions: torch.Tensor,  # [L] long: the position of the token each row draws
+    sampling_metadata,
+) -> torch.Tensor:
+    """The target's token at every logits row, [L] long, under its request's law as vLLM
+    shapes it (acceptance.draw_targets on the constrained logits, with min_p)."""
+    return draw_targets(
+        constrained(logits, row_ranges, row_requests, row_depths, row_paths, sampling_metadata),
+        row_requests,
+        row_ranges,
+        row_positions,
+        sampling_metadata,
+        min_p_rows(sampling_metadata, row_requests),
+    )
