@@ -36,13 +36,15 @@ def fa3_stand_in(
     fa_version,
     num_splits,
     return_softmax_lse=False,
+    scheduler_metadata=None,
 ):
     """What vLLM's flash_attn_varlen_func computes for a paged batch, densely in float32:
     request r's keys are its first seqused_k[r] positions through its block table (k's
     pages), its queries q[cu_seqlens_q[r]:cu_seqlens_q[r + 1]]; causal: query i aligned
     to key seqused_k - queries + i. Rows past the last request are left alone.
     return_softmax_lse: also (out, lse [H, total queries], natural log; +inf for a row
-    that saw no key, as FA writes it)."""
+    that saw no key, as FA writes it). scheduler_metadata only steers FA3's scheduling
+    (tests/gpu checks it gives the same rows); unused here."""
     page, group = k.shape[1], q.shape[1] // k.shape[2]
     lse = torch.full((q.shape[1], q.shape[0]), float("inf"))
     key_slots, value_slots = k.flatten(0, 1), v.flatten(0, 1)  # [slots, KVH, D]

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 from interpreter import run_interpreted
-from path_checks import attend_case, publish_case, reference
+from path_checks import attend_case, fa3_stand_in, publish_case, reference
 from tree_attention_check import random_case
 
 from vllm_dominotree.config import attention_mode, path_splits
 from vllm_dominotree.engine import tree_attention_setup
+from vllm_dominotree.engine.cuda_attention import attend_paths, schedule_paths
 from vllm_dominotree.engine.tree_paths import PathTables, slot_view, split_into_paths
 from vllm_dominotree.tree.ancestry import in_preorder, tree_bits
 
@@ -159,6 +160,60 @@ def test_a_smaller_step_after_a_larger_one():
     assert (attend_case(tables, large) - reference(large)).abs().max() < 1e-5
     publish_case(tables, small)
     assert (attend_case(tables, small) - reference(small)).abs().max() < 1e-5
+
+
+def test_the_schedule_is_computed_for_the_call_it_steers():
+    """schedule_paths asks FA3's scheduler about the very call attend_paths makes (batch,
+    key counts, query starts, bounds, split count, heads, one-slot pages): FA3 trusts a
+    given schedule, so a schedule of another call would misplace its tiles."""
+    case = random_case("cpu", torch.float32, 2, requests=5, max_context=90)
+    query, key_cache, value_cache = case[:3]
+    tables = PathTables(max_paths=64, max_tokens=query.shape[0], max_len=2048, device="cpu")
+    publish_case(tables, case, every_row=True)
+    asked, called = {}, {}
+
+    def scheduler(**kwargs):
+        asked.update(kwargs)
+        return torch.tensor([7], dtype=torch.int32)
+
+    def varlen(**kwargs):
+        called.update(kwargs)
+        return fa3_stand_in(**kwargs)
+
+    longest, splits = int(case[5].max()), 3
+    args = (tables, query.shape[0], query.shape[1], key_cache, 17, longest, splits)
+    schedule = schedule_paths(*args, scheduler=scheduler)
+    out = torch.full_like(query, 7.0)
+    attend_paths(query, key_cache, value_cache, tables, 1.0, 17, longest, out,
+                 num_splits=splits, varlen=varlen, every_row=True, schedule=schedule)  # fmt: skip
+    assert called["scheduler_metadata"] is schedule
+    assert asked["batch_size"] == called["cu_seqlens_q"].numel() - 1
+    assert torch.equal(asked["cache_seqlens"], called["seqused_k"])
+    assert torch.equal(asked["cu_seqlens_q"], called["cu_seqlens_q"])
+    for theirs, ours in [("max_seqlen_q", "max_seqlen_q"), ("max_seqlen_k", "max_seqlen_k"),
+                         ("num_splits", "num_splits"), ("causal", "causal")]:  # fmt: skip
+        assert asked[theirs] == called[ours], theirs
+    q, k = called["q"], called["k"]
+    assert (asked["num_heads_q"], asked["headdim"]) == (q.shape[1], q.shape[2])
+    assert (asked["num_heads_kv"], asked["page_size"]) == (k.shape[2], k.shape[1])
+    assert asked["qkv_dtype"] == k.dtype
+
+
+def test_one_schedule_per_forward():
+    """The first layer of a forward computes the path requests' schedule and the others
+    reuse it; the next forward (a new attention metadata) computes its own."""
+    tables = PathTables(max_paths=4, max_tokens=4, max_len=8, device="cpu")
+    computed = []
+
+    def compute():
+        computed.append(torch.zeros(1))
+        return computed[-1]
+
+    first, second = object(), object()
+    got = [tables.schedule_of(first, compute) for _ in range(3)]
+    assert len(computed) == 1 and all(g is computed[0] for g in got)
+    assert tables.schedule_of(second, compute) is computed[1]
+    assert tables.schedule_of(first, compute) is computed[2]  # not what `first` had
 
 
 def test_a_layout_without_a_uniform_slot_stride_is_refused():

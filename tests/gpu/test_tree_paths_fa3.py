@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from tree_attention_check import (
     built_path_tables,
     path_build_inputs,
+    path_tables,
     paths_output,
     random_case,
 )
@@ -91,3 +92,27 @@ def test_tables_built_on_the_gpu_wait_for_nothing_and_give_the_hosts_rows(seed):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(paths_output(args, False, tables=tables), paths_output(args, False))
+
+
+@pytest.mark.parametrize("every_row", [False, True])
+def test_one_schedule_serves_every_layer_bit_for_bit(every_row):
+    """The runner computes the path requests' FA3 schedule in a forward's first layer
+    and hands it to every layer's call (PathTables.schedule_of): FA3 given it writes the
+    rows it writes without one, bit for bit, call after call (its tile semaphore left as
+    the next call needs it), with its own split heuristic and vLLM's bound of FULL
+    graphs."""
+    from vllm_dominotree.engine.cuda_attention import attend_paths, schedule_paths
+
+    args = random_case("cuda", torch.bfloat16, 5, heads=32, kv_heads=8, head_dim=128)
+    query, key_cache, value_cache = args[:3]
+    tables = path_tables(args, each_row=False, every_row=every_row)
+    longest = int(args[5].max())
+    for splits in (0, 32):
+        want = paths_output(args, False, tables=tables, num_splits=splits, every_row=every_row)
+        shape = (query.shape[0], query.shape[1], key_cache)
+        schedule = schedule_paths(tables, *shape, 17, longest, splits)
+        for layer in range(3):
+            got = torch.full_like(query, 7.0)
+            attend_paths(query, key_cache, value_cache, tables, 128**-0.5, 17, longest, got,
+                         num_splits=splits, every_row=every_row, schedule=schedule)  # fmt: skip
+            assert torch.equal(got, want), (splits, layer)

@@ -181,6 +181,7 @@ def attend_paths(
     num_splits: int = 0,
     varlen=None,
     every_row: bool = False,
+    schedule: torch.Tensor | None = None,
 ) -> None:
     """The path requests' rows through FA3 (pages of one slot), written into `rows`.
     max_seqlen_k, num_splits: as the stock pass is called (no path request is longer
@@ -191,7 +192,8 @@ def attend_paths(
     the forward's order, since a step's trees come in depth-first preorder
     (tree/ancestry.in_preorder): FA3 reads the queries and writes the rows in place,
     no gather either way (padding rows of a graph are left alone, as vLLM's own FA3
-    call leaves them)."""
+    call leaves them). schedule: FA3's scheduler metadata for this call
+    (schedule_paths with the same arguments; None: FA3 computes its own)."""
     if varlen is None:
         from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func as varlen
 
@@ -201,9 +203,7 @@ def attend_paths(
     else:
         path_query = query[tables.query_rows[:num_tokens]]  # [T, H, D]: owned rows first
         path_out = torch.empty_like(path_query)
-    # Every path request owns a forward row, and the tables keep them first: FA3's batch
-    # is this forward's rows at most (static under a graph), not the tables' capacity.
-    paths = min(num_tokens, tables.seq_used.shape[0])
+    paths = path_batch_size(tables, num_tokens)
     varlen(
         q=path_query,
         k=slot_view(key_cache),
@@ -218,6 +218,7 @@ def attend_paths(
         block_table=tables.slot_table[:paths],
         fa_version=fa_version,
         num_splits=num_splits,
+        scheduler_metadata=schedule,
     )
     if every_row:
         return
@@ -226,6 +227,49 @@ def attend_paths(
     to_query = tables.row_to_query[:num_tokens]
     owned = tables.row_owned[:num_tokens, None, None]
     torch.where(owned, path_out[to_query], rows, out=rows)
+
+
+def path_batch_size(tables: PathTables, num_tokens: int) -> int:
+    """FA3's batch for a forward of num_tokens rows: every path request owns a forward
+    row, and the tables keep them first, so this forward's rows at most (static under a
+    graph), not the tables' capacity."""
+    return min(num_tokens, tables.seq_used.shape[0])
+
+
+def schedule_paths(
+    tables: PathTables,
+    num_tokens: int,
+    num_heads: int,
+    key_cache: torch.Tensor,  # [blocks, page, KVH, D]
+    max_query_len: int,
+    max_seqlen_k: int,
+    num_splits: int,
+    scheduler=None,
+) -> torch.Tensor:
+    """FA3's scheduler metadata (per-request block counts and split counts, the tile
+    semaphore) for attend_paths' call with the same arguments. FA3 computes it in every
+    call unless given; the path requests are the same in every layer of a forward, so the
+    first layer computes it once for all (vLLM's backend does the same for the stock pass,
+    get_scheduler_metadata in its metadata builder). scheduler: vLLM's
+    get_scheduler_metadata (default) or a stand-in."""
+    if scheduler is None:
+        from vllm.v1.attention.backends.fa_utils import get_scheduler_metadata as scheduler
+
+    paths = path_batch_size(tables, num_tokens)
+    return scheduler(
+        batch_size=paths,
+        max_seqlen_q=max_query_len,
+        max_seqlen_k=max_seqlen_k,
+        num_heads_q=num_heads,
+        num_heads_kv=key_cache.shape[2],
+        headdim=key_cache.shape[3],
+        cache_seqlens=tables.seq_used[:paths],
+        qkv_dtype=key_cache.dtype,
+        cu_seqlens_q=tables.query_start[: paths + 1],
+        page_size=1,
+        causal=True,
+        num_splits=num_splits,
+    )
 
 
 def attend_merged(
@@ -311,20 +355,33 @@ class TreeFlashAttentionImpl(TreeFixupMixin, FlashAttentionImpl):
         the stock pass is (the step's longest sequence, vLLM's split bound) unless
         DOMINOTREE_PATH_SPLITS sets the split count; what the pass costs under each
         setting: benchmarks/tree_rounding_bench.py."""
+        tables = verification.paths
+        splits = attn_metadata.max_num_splits if tables.splits is None else tables.splits
+        schedule = tables.schedule_of(
+            attn_metadata,
+            lambda: schedule_paths(
+                tables,
+                query.shape[0],
+                query.shape[1],
+                key_cache,
+                verification.rows_per_tree,
+                attn_metadata.max_seq_len,
+                splits,
+            ),
+        )
         attend_paths(
             query,
             key_cache,
             value_cache,
-            verification.paths,
+            tables,
             self.scale,
             verification.rows_per_tree,
             attn_metadata.max_seq_len,
             rows,
             self.vllm_flash_attn_version,
-            attn_metadata.max_num_splits
-            if verification.paths.splits is None
-            else verification.paths.splits,
+            splits,
             every_row=every_row,
+            schedule=schedule,
         )
 
 

@@ -26,6 +26,7 @@ against and that builds one request per fixed row (FA3's decoding of each row's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,23 @@ class PathTables:
         self.row_to_query = table(max_tokens, dtype=torch.long)
         # build's scratch: each tree's path requests and queries.
         self._counts = table(2 * max_tokens, dtype=torch.int32)
+        # FA3's scheduler metadata of the path requests, and the forward it is for.
+        self._schedule: torch.Tensor | None = None
+        self._schedule_for: tuple[object, bool] | None = None
+
+    def schedule_of(self, forward: object, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """FA3's scheduler metadata for this forward's path requests: computed by the
+        forward's first layer (compute()), reused by the others. forward: what every
+        layer of one forward shares and no other forward does (its attention metadata,
+        built afresh for every step, warm-up and capture; kept here until the next
+        forward, so that its identity is not reused). Under a CUDA graph the first
+        layer's computation is captured with the rest and replayed every step; a forward
+        that is captured never reuses what an eager one computed, nor the reverse."""
+        key = (forward, torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+        held = self._schedule_for
+        if held is None or held[0] is not forward or held[1] != key[1]:
+            self._schedule, self._schedule_for = compute(), key
+        return self._schedule
 
     def clear(self) -> None:
         """No path requests: every request empty, no forward row recomputed. The row
