@@ -423,17 +423,20 @@ class DominoStep:
             ROWS=ROWS_BLOCK, UNITS=UNITS_BLOCK, K=self.k_block, SPLITS=splits,
             num_warps=GRU_WARPS, H_SPLIT=split_width(self.hidden, splits, self.k_block),
             G_SPLIT=split_width(self.gru_units, splits, self.k_block),
-            M=s.width, M_PAD=triton.next_power_of_2(s.width), FROM_TABLE=self.tabled(),
+            M=s.width, M_PAD=triton.next_power_of_2(s.width), FROM_TABLE=self.tabled(p),
         )  # fmt: skip
 
-    def tabled(self) -> bool:
-        """Whether this step's GRU launches read the candidates' table (fill_table)."""
-        return self.scorer.step_rows <= self.gi.shape[0]
+    def tabled(self, p: int) -> bool:
+        """Whether the GRU launches of a step of p padded requests read the candidates'
+        table (fill_table). Decided by the launch's own rows, not by the scorer's last
+        prepare: a builder's graphs are captured for every padded batch size after any
+        prepare (or none), and each must read the table only when its size fills one."""
+        return p <= self.gi.shape[0]
 
     def fill_table(self, n: int) -> None:
         """The candidates' input products of a step's n requests (after the scorer's
         prepare has written their candidates), when the step takes them from the table."""
-        if self.tabled():
+        if self.tabled(self.scorer.step_rows):
             cand = self.scorer.cand[:n]  # [n, K, M] token ids
             # In the head's dtype: a bf16 table rounds gi as the torch step does (the
             # kernel's own products keep float32), a float32 one is IEEE.

@@ -12,14 +12,17 @@ from vllm_dominotree.tree.scorers import ConditionalScorer
 
 
 def prepared_scorers(
-    head, embed, *, requests, depth, budget, candidates, children, seed, prefix_len=1
-):
-    """The torch and the Triton step's scorers, prepared from the same drafter outputs
-    (depths below prefix_len uncorrected: the marginals alone)."""
+    head, embed, *, requests, depth, budget, candidates, children, seed, prefix_len=1,
+    prepared=None,
+):  # fmt: skip
+    """The torch and the Triton step's scorers for up to `requests` requests, prepared
+    for `prepared` of them (default: all) from the same drafter outputs (depths below
+    prefix_len uncorrected: the marginals alone)."""
     gen = torch.Generator().manual_seed(seed)
     device, dtype = embed.device, embed.dtype
-    hidden = torch.randn(requests, depth, head.hidden_size, generator=gen).to(dtype).to(device)
-    base = (3 * torch.randn(requests, depth, embed.shape[0], generator=gen)).to(dtype).to(device)
+    n = requests if prepared is None else prepared
+    hidden = torch.randn(n, depth, head.hidden_size, generator=gen).to(dtype).to(device)
+    base = (3 * torch.randn(n, depth, embed.shape[0], generator=gen)).to(dtype).to(device)
     scorers = []
     for kernels in (False, True):
         scorer = ConditionalScorer(
@@ -108,7 +111,7 @@ def check_table_gives_the_products(
         head, embed.to(dtype).to(device), requests=requests, depth=4, budget=6,
         candidates=candidates, children=3, seed=8,
     )  # fmt: skip
-    assert triton_step.kernel_step.tabled()
+    assert triton_step.kernel_step.tabled(requests)
     req = torch.arange(requests, device=device)
     parent = torch.full_like(req, torch_step.zero_slot)
     depth = 1 + req % 3
@@ -132,6 +135,40 @@ def check_table_gives_the_products(
     assert torch.equal(states(root)[0], root_states)  # no root row did
 
 
+def check_launch_size_decides_the_table(dtype=torch.float32, tolerance=1e-4, device="cpu"):
+    """A builder captures its graph of each padded batch size after whatever prepare came
+    last (DeviceTreeBuilder.capture): a launch of more rows than the table holds reads no
+    table, however few requests the scorer's last prepare had (on 2026-12-06 a graph of 8
+    rows captured after a prepare of one read a table of two rows: other trees than the
+    host heap's on the H100)."""
+    device = torch.device(device)
+    hidden, vocab, candidates = 72, 300, 64
+    head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=40, emb_dim=24,
+                              device=device, dtype=dtype, seed=9)  # fmt: skip
+    embed = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(10))
+    torch_step, triton_step = prepared_scorers(
+        head, embed.to(dtype).to(device), requests=8, depth=4, budget=6,
+        candidates=candidates, children=3, seed=11,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(12)
+    one = torch.randn(1, 4, hidden, generator=gen).to(dtype).to(device)
+    base = (3 * torch.randn(1, 4, vocab, generator=gen)).to(dtype).to(device)
+    for scorer in (torch_step, triton_step):  # the last prepare: one request, a table
+        scorer.prepare(one, base)
+    assert triton_step.kernel_step.tabled(triton_step.step_rows)
+    triton_step.kernel_step.gi.fill_(7.0)  # read, it would move the states
+    req = torch.arange(8, device=device)
+    depth = 1 + req % 3
+    token = triton_step.cand[req, depth - 1, (5 * req + 1) % candidates]
+    node, parent = torch.zeros_like(req), torch.full_like(req, torch_step.zero_slot)
+    values, _ = triton_step.children(req, node, parent, token, depth)
+    want, _ = torch_step.children(req, node, parent, token, depth)
+    states = triton_step.states[req, node].float() - torch_step.states[req, node].float()
+    state_error = states.abs().max()
+    print(f"8 rows after a prepare of 1: states {state_error.item():.1e}")
+    assert state_error.item() < tolerance and (values - want).abs().max().item() < tolerance
+
+
 def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     """The device builder and the host heap on the Triton step: the same trees, bit for
     bit (float64 scores, pop order), ties in the marginals included. rows: the scorer's
@@ -147,7 +184,7 @@ def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     ties = seed % 3 == 0
     _, scorer = prepared_scorers(
         head, embed, requests=rows, depth=5, budget=budget, candidates=16, children=children,
-        seed=seed, prefix_len=5 if ties else 1,
+        seed=seed, prefix_len=5 if ties else 1, prepared=requests,
     )  # fmt: skip
     if ties:  # rounded marginals, uncorrected: equal offers from different nodes
         scorer.base.copy_(scorer.base.round())

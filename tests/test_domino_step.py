@@ -15,7 +15,8 @@ from vllm_dominotree.tree.scorers import ConditionalScorer
 CHECKS = """
 import torch
 from domino_step_checks import (
-    check_step_matches_torch, check_table_gives_the_products, check_trees_equal_heap,
+    check_launch_size_decides_the_table, check_step_matches_torch,
+    check_table_gives_the_products, check_trees_equal_heap,
 )
 
 # (hidden, GRU, rank, vocabulary, candidates, rows): tiles cut at every edge (hidden not a
@@ -33,6 +34,7 @@ for shape in [(72, 40, 24, 300, 64, 1), (600, 24, 16, 200, 49, 2)]:
     check_table_gives_the_products(*shape, torch.float32, 1e-4)
 for seed in range(6):
     check_trees_equal_heap(seed, rows=2)
+check_launch_size_decides_the_table()
 print("ok")
 """
 
@@ -41,6 +43,7 @@ def test_triton_step_matches_torch_and_builds_the_heaps_trees():
     out = run_interpreted(CHECKS)
     assert out.count("generation") == 15
     assert out.count("tabled rows") == 2
+    assert "8 rows after a prepare of 1" in out
     # one shape each, three generations each
     assert out.count("GRU splits 8") == out.count("GRU splits 4") == 3
 

@@ -13,7 +13,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from domino_step_checks import check_step_matches_torch, check_table_gives_the_products
+from domino_step_checks import (
+    check_launch_size_decides_the_table,
+    check_step_matches_torch,
+    check_table_gives_the_products,
+)
 
 # Every scorer compiles its own torch step (the reference here): the default limit of 8
 # failed this test on the H200 (2026-12-03).
@@ -39,3 +43,10 @@ def test_the_candidates_table_gives_the_products(dtype, tolerance, rows):
     torch step does), and a poisoned table moves them and no root."""
     hidden, gru, rank, vocab = SHAPES["qwen3-4b"]
     check_table_gives_the_products(hidden, gru, rank, vocab, 64, rows, dtype, tolerance, "cuda")
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 0.1)])
+def test_a_launch_larger_than_the_table_reads_none(dtype, tolerance):
+    """A graph of 8 rows captured after a prepare of one request (as a builder captures
+    every padded size) takes no products from the table of two rows."""
+    check_launch_size_decides_the_table(dtype, tolerance, "cuda")
