@@ -29,6 +29,13 @@ PROMPTS = [
 MIXED = [*PROMPTS, [(7 * i) % 61 for i in range(150)], [(3 * i + 1) % 59 for i in range(200)]]
 
 
+# How far apart float32 verification rows and decoding's round on CUDA (their GEMMs take
+# 17 rows a request against one): logprobs up to 5.5e-4 nat apart on the H100
+# (2026-12-06, test_logprobs_under_full_graphs_equal_no_speculation). A greedy choice
+# whose lead is below this may go either way, with speculation or without.
+FLOAT32_ROUNDING = 1e-3
+
+
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     return write_pair(tmp_path_factory.mktemp("gpu-pair"), PairSpec(noise=0.8, context=1.4))
@@ -119,7 +126,8 @@ def test_logprobs_under_full_graphs_equal_no_speculation(dirs):
     assert stats["graph_accepts"] >= stats["steps"] > 0 and stats["sibling_accepts"] > 0
     for ours, theirs in zip(got, want, strict=True):
         assert [runner_up for _, runner_up in ours] == [runner_up for _, runner_up in theirs]
-        assert [lead for lead, _ in ours] == pytest.approx([lead for lead, _ in theirs], abs=1e-4)
+        leads = pytest.approx([lead for lead, _ in theirs], abs=FLOAT32_ROUNDING)
+        assert [lead for lead, _ in ours] == leads
 
 
 def test_sampling_constraints_equal_no_speculation(dirs):
@@ -139,8 +147,41 @@ def test_sampling_constraints_equal_no_speculation(dirs):
     want, _ = generate(dirs, None, params=params)
     assert want != generate(dirs, None)[0]  # the penalties move the output
     tokens, stats = generate(dirs, {"method": "dominotree", "model": str(dirs[1])}, params=params)
-    assert tokens == want
     assert stats["eager_accepts"] >= stats["steps"] > 0 and stats["graph_accepts"] == 0
+    # Equal, or apart from a near-tie on: penalties pull repeated tokens together (on the
+    # H100, 2026-12-06, one prompt parted at a lead of 1.7e-4 nat between two penalized
+    # tokens). The CPU test (tests/engine/test_sampling_constraints.py) asks for equality.
+    parted = 0
+    for prompt, ours, theirs in zip(PROMPTS, tokens, want, strict=True):
+        if ours == theirs:
+            continue
+        first = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
+        lead, runner_up = penalized_lead(dirs[0], prompt, theirs[:first], params)
+        print(f"prompt {prompt[:4]}: parted at {first}, the target's lead {lead:.1e} nat")
+        assert lead < FLOAT32_ROUNDING and ours[first] == runner_up, (prompt, first, lead)
+        parted += 1
+    assert parted <= len(PROMPTS) // 4
+
+
+def penalized_lead(target: Path, prompt: list[int], output: list[int], params) -> tuple[float, int]:
+    """The target's lead (its best logit over the runner-up) and runner-up for the token
+    after prompt + output, under params' repetition and presence penalties and allowed
+    tokens as vLLM applies them (transformers, float64 over float32 logits, on the CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0, -1].double()
+    for token in set(prompt + output):  # vLLM's repetition penalty: prompt and output
+        penalty = params.repetition_penalty
+        logits[token] = logits[token] / penalty if logits[token] > 0 else logits[token] * penalty
+    for token in set(output):
+        logits[token] -= params.presence_penalty
+    allowed = torch.zeros_like(logits, dtype=torch.bool)
+    allowed[params.allowed_token_ids] = True
+    values, tokens = logits.masked_fill(~allowed, float("-inf")).topk(2)
+    return float(values[0] - values[1]), int(tokens[1])
 
 
 def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected):
