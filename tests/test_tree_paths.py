@@ -201,7 +201,8 @@ def test_the_schedule_is_computed_for_the_call_it_steers():
 
 def test_one_schedule_per_forward():
     """The first layer of a forward computes the path requests' schedule and the others
-    reuse it; the next forward (a new attention metadata) computes its own."""
+    reuse it; the next forward (a new attention metadata) computes its own, and so does
+    a forward after the tables were filled again."""
     tables = PathTables(max_paths=4, max_tokens=4, max_len=8, device="cpu")
     computed = []
 
@@ -214,6 +215,9 @@ def test_one_schedule_per_forward():
     assert len(computed) == 1 and all(g is computed[0] for g in got)
     assert tables.schedule_of(second, compute) is computed[1]
     assert tables.schedule_of(first, compute) is computed[2]  # not what `first` had
+    tables.clear()  # tables filled anew: no forward keeps the old schedule
+    assert tables.schedule_of(first, compute) is computed[3]
+    assert tables.schedule_of(first, compute) is computed[3]
 
 
 def test_a_layout_without_a_uniform_slot_stride_is_refused():

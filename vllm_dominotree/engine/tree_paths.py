@@ -106,9 +106,11 @@ class PathTables:
         self.row_to_query = table(max_tokens, dtype=torch.long)
         # build's scratch: each tree's path requests and queries.
         self._counts = table(2 * max_tokens, dtype=torch.int32)
-        # FA3's scheduler metadata of the path requests, and the forward it is for.
+        # FA3's scheduler metadata of the path requests, and what it was computed for: a
+        # forward, whether it was captured, and the tables' filling (`clear` counts them).
         self._schedule: torch.Tensor | None = None
-        self._schedule_for: tuple[object, bool] | None = None
+        self._schedule_for: tuple[object, bool, int] | None = None
+        self._fillings = 0
 
     def schedule_of(self, forward: object, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """FA3's scheduler metadata for this forward's path requests: computed by the
@@ -117,11 +119,13 @@ class PathTables:
         built afresh for every step, warm-up and capture; kept here until the next
         forward, so that its identity is not reused). Under a CUDA graph the first
         layer's computation is captured with the rest and replayed every step; a forward
-        that is captured never reuses what an eager one computed, nor the reverse."""
-        key = (forward, torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+        that is captured never reuses what an eager one computed, nor the reverse, and
+        none reuses a schedule of tables filled since."""
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         held = self._schedule_for
-        if held is None or held[0] is not forward or held[1] != key[1]:
-            self._schedule, self._schedule_for = compute(), key
+        if held is None or held[0] is not forward or held[1:] != (capturing, self._fillings):
+            self._schedule = compute()
+            self._schedule_for = (forward, capturing, self._fillings)
         return self._schedule
 
     def clear(self) -> None:
@@ -129,6 +133,7 @@ class PathTables:
         maps are zeroed too: the attention gathers through them for every forward row
         (cuda_attention.attend_paths), so an earlier, larger step's entries would index
         past a smaller step's rows."""
+        self._fillings += 1
         self.seq_used.zero_()
         self.query_start.zero_()
         self.row_owned.zero_()
