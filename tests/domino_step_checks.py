@@ -146,15 +146,10 @@ def check_launch_size_decides_the_table(dtype=torch.float32, tolerance=1e-4, dev
     head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=40, emb_dim=24,
                               device=device, dtype=dtype, seed=9)  # fmt: skip
     embed = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(10))
-    torch_step, triton_step = prepared_scorers(
+    torch_step, triton_step = prepared_scorers(  # the last prepare: one request, a table
         head, embed.to(dtype).to(device), requests=8, depth=4, budget=6,
-        candidates=candidates, children=3, seed=11,
+        candidates=candidates, children=3, seed=11, prepared=1,
     )  # fmt: skip
-    gen = torch.Generator().manual_seed(12)
-    one = torch.randn(1, 4, hidden, generator=gen).to(dtype).to(device)
-    base = (3 * torch.randn(1, 4, vocab, generator=gen)).to(dtype).to(device)
-    for scorer in (torch_step, triton_step):  # the last prepare: one request, a table
-        scorer.prepare(one, base)
     assert triton_step.kernel_step.tabled(triton_step.step_rows)
     triton_step.kernel_step.gi.fill_(7.0)  # read, it would move the states
     req = torch.arange(8, device=device)

@@ -5,6 +5,7 @@ prefill/decode batches, and eagerly."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -163,14 +164,22 @@ def test_sampling_constraints_equal_no_speculation(dirs):
     assert parted <= len(PROMPTS) // 4
 
 
+@functools.cache
+def float32_model(target: Path):
+    """The target in transformers, float32 on the CPU (loaded once per test process)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+
+
 def penalized_lead(target: Path, prompt: list[int], output: list[int], params) -> tuple[float, int]:
     """The target's lead (its best logit over the runner-up) and runner-up for the token
     after prompt + output, under params' repetition and presence penalties and allowed
     tokens as vLLM applies them (transformers, float64 over float32 logits, on the CPU)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    model = float32_model(target)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + output])).logits[0, -1].double()
     for token in set(prompt + output):  # vLLM's repetition penalty: prompt and output
