@@ -5,13 +5,16 @@ prefill/decode batches, and eagerly."""
 
 from __future__ import annotations
 
+import collections
 import functools
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
+from vllm_dominotree.drafter.draft_vocab import write_ranking
 
 from .sharing import engine_memory, run_engine
 
@@ -251,6 +254,32 @@ def test_triton_node_step_equals_no_speculation(dirs, expected, model_runner):
     print(f"triton-{model_runner}", stats)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["scorer_step"] == "triton"
+    assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
+
+
+def test_a_draft_vocabulary_on_cuda_equals_no_speculation(dirs, expected, tmp_path):
+    """`draft_vocab` on CUDA (0 there by default): the drafter's logits, the top M and the
+    Triton node step over 32 of the toy pair's 64 tokens (the 32 the target emits most
+    often, so that trees still branch and siblings get accepted), inside the V2 runner's
+    build graphs. The target still decides every token."""
+    import torch
+
+    counts = collections.Counter(t for out in expected[: len(PROMPTS)] for t in out)
+    ranking = sorted(range(PairSpec.vocab), key=lambda t: (-counts[t], t))
+    ranked = shutil.copytree(dirs[1], tmp_path / "ranked")
+    write_ranking(ranked, torch.tensor(ranking))
+    config = {
+        "method": "dominotree",
+        "model": str(ranked),
+        "scorer": "conditional",
+        "candidates": 16,
+        "draft_vocab": 32,
+        "model_runner": "v2",
+    }
+    tokens, stats = generate(dirs, config, env={"DOMINOTREE_NODE_STEP": "triton"})
+    print("draft-vocab", stats)
+    assert tokens == expected[: len(PROMPTS)]
+    assert stats["draft_vocab"] == 32 and stats["scorer_step"] == "triton"
     assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
 
 
