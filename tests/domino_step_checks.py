@@ -192,3 +192,39 @@ def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     fields = [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in host]
     assert fields == [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in device]
     assert all(t.num_nodes > 1 for t in host)
+
+
+def check_draft_vocabulary_trees(seed: int) -> None:
+    """With a draft vocabulary (24 of 40 tokens) the Triton step's trees, from the device
+    builder and the host heap alike (bit for bit), are the torch step's (scores within
+    1e-4) and hold only tokens of the vocabulary: the candidates' table and the GRU's
+    embedding rows are read by token id, the marginals by the vocabulary's index."""
+    gen = torch.Generator().manual_seed(400 + seed)
+    vocab, hidden, depth = 40, 24, 5
+    shape = TreeShape(budget=12, max_depth=depth, max_children=3)
+    head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)
+    embed = torch.randn(vocab, hidden, generator=gen)
+    vocab_ids = torch.randperm(vocab, generator=gen)[:24].sort().values
+    hidden_rows = torch.randn(2, depth, hidden, generator=gen)
+    base = 3 * torch.randn(2, depth, vocab_ids.numel(), generator=gen)
+    anchors = torch.randint(0, vocab, (2,), generator=gen).tolist()
+    host = {}
+    for kernels in (False, True):
+        scorer = ConditionalScorer(
+            head, embed, max_requests=2, num_drafts=depth, budget=shape.budget,
+            candidates=16, max_children=3, prefix_len=1, kernels=kernels, vocab_ids=vocab_ids,
+        )  # fmt: skip
+        scorer.prepare(hidden_rows, base)
+        host[kernels] = build_trees(scorer, anchors, shape)
+    builder = DeviceTreeBuilder(
+        scorer, shape, chain=False, max_requests=2, device=torch.device("cpu")
+    )
+    device = builder.build(torch.tensor(anchors))
+    fields = [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in host[True]]
+    assert fields == [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in device]
+    for a, b in zip(host[True], host[False], strict=True):
+        assert (a.tokens, a.parents) == (b.tokens, b.parents)
+        assert max(abs(x - y) for x, y in zip(a.scores, b.scores, strict=True)) < 1e-4
+    drafted = {token for t in device for token in t.tokens[1:]}
+    print(f"draft vocabulary: {len(drafted)} tokens drafted")
+    assert drafted <= set(vocab_ids.tolist()) and all(t.num_nodes == 13 for t in device)

@@ -16,7 +16,7 @@ CHECKS = """
 import torch
 from domino_step_checks import (
     check_launch_size_decides_the_table, check_step_matches_torch,
-    check_table_gives_the_products, check_trees_equal_heap,
+    check_table_gives_the_products, check_trees_equal_heap, check_draft_vocabulary_trees,
 )
 
 # (hidden, GRU, rank, vocabulary, candidates, rows): tiles cut at every edge (hidden not a
@@ -35,6 +35,8 @@ for shape in [(72, 40, 24, 300, 64, 1), (600, 24, 16, 200, 49, 2)]:
 for seed in range(6):
     check_trees_equal_heap(seed, rows=2)
 check_launch_size_decides_the_table()
+for seed in range(2):
+    check_draft_vocabulary_trees(seed)
 print("ok")
 """
 
@@ -44,6 +46,7 @@ def test_triton_step_matches_torch_and_builds_the_heaps_trees():
     assert out.count("generation") == 15
     assert out.count("tabled rows") == 2
     assert "8 rows after a prepare of 1" in out
+    assert out.count("draft vocabulary:") == 2
     # one shape each, three generations each
     assert out.count("GRU splits 8") == out.count("GRU splits 4") == 3
 
