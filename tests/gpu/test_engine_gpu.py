@@ -34,10 +34,13 @@ MIXED = [*PROMPTS, [(7 * i) % 61 for i in range(150)], [(3 * i + 1) % 59 for i i
 
 
 # How far apart float32 verification rows and decoding's round on CUDA (their GEMMs take
-# 17 rows a request against one): logprobs up to 5.5e-4 nat apart on the H100
-# (2026-12-06, test_logprobs_under_full_graphs_equal_no_speculation). A greedy choice
-# whose lead is below this may go either way, with speculation or without.
-FLOAT32_ROUNDING = 1e-3
+# 17 rows a request against one, and the K/V each writes feeds the later tokens): leads
+# up to 5.5e-4 nat apart on the H100 and 3.0e-3 on the H200 (2026-12-06, 2 of 64 tokens
+# of one prompt past 1e-3, late in it: 3.4579 against 3.4548, 0.0802 against 0.0791;
+# every token and runner-up equal; test_logprobs_under_full_graphs_equal_no_speculation).
+# A row read from the wrong place is off by far more. A greedy choice whose lead is
+# below this may go either way, with speculation or without.
+FLOAT32_ROUNDING = 5e-3
 
 
 @pytest.fixture(scope="module")
