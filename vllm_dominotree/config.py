@@ -24,7 +24,8 @@ CPU_BUDGET = 4
 # bfloat16, 8192 tokens cut the build stage from 7.0 to 3.8 ms a step and kept the accept
 # length (1.000x, 0.998-1.002): 1.12x over no speculation against 1.08x with the whole
 # vocabulary and 1.07x with 16384 (benchmarks/results/draft_vocab_cpu.md). CUDA: the
-# whole vocabulary (not yet measured there).
+# whole vocabulary until the option's cost is measured there (it runs there, lossless:
+# tests/gpu/test_engine_gpu.py, H200 2026-12-06b).
 CPU_DRAFT_VOCAB = 8192
 
 
