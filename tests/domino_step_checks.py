@@ -13,16 +13,17 @@ from vllm_dominotree.tree.scorers import ConditionalScorer
 
 def prepared_scorers(
     head, embed, *, requests, depth, budget, candidates, children, seed, prefix_len=1,
-    prepared=None,
+    prepared=None, vocab_ids=None,
 ):  # fmt: skip
     """The torch and the Triton step's scorers for up to `requests` requests, prepared
     for `prepared` of them (default: all) from the same drafter outputs (depths below
-    prefix_len uncorrected: the marginals alone)."""
+    prefix_len uncorrected: the marginals alone); vocab_ids: a draft vocabulary."""
     gen = torch.Generator().manual_seed(seed)
     device, dtype = embed.device, embed.dtype
     n = requests if prepared is None else prepared
+    width = embed.shape[0] if vocab_ids is None else vocab_ids.numel()
     hidden = torch.randn(n, depth, head.hidden_size, generator=gen).to(dtype).to(device)
-    base = (3 * torch.randn(n, depth, embed.shape[0], generator=gen)).to(dtype).to(device)
+    base = (3 * torch.randn(n, depth, width, generator=gen)).to(dtype).to(device)
     scorers = []
     for kernels in (False, True):
         scorer = ConditionalScorer(
@@ -35,6 +36,7 @@ def prepared_scorers(
             max_children=children,
             prefix_len=prefix_len,
             kernels=kernels,
+            vocab_ids=vocab_ids,
         )
         scorer.prepare(hidden, base)
         scorers.append(scorer)
@@ -200,29 +202,24 @@ def check_draft_vocabulary_trees(seed: int) -> None:
     1e-4) and hold only tokens of the vocabulary: the candidates' table and the GRU's
     embedding rows are read by token id, the marginals by the vocabulary's index."""
     gen = torch.Generator().manual_seed(400 + seed)
-    vocab, hidden, depth = 40, 24, 5
-    shape = TreeShape(budget=12, max_depth=depth, max_children=3)
+    vocab, hidden = 40, 24
+    shape = TreeShape(budget=12, max_depth=5, max_children=3)
     head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)
     embed = torch.randn(vocab, hidden, generator=gen)
     vocab_ids = torch.randperm(vocab, generator=gen)[:24].sort().values
-    hidden_rows = torch.randn(2, depth, hidden, generator=gen)
-    base = 3 * torch.randn(2, depth, vocab_ids.numel(), generator=gen)
+    torch_step, triton_step = prepared_scorers(
+        head, embed, requests=2, depth=5, budget=12, candidates=16, children=3, seed=seed,
+        vocab_ids=vocab_ids,
+    )  # fmt: skip
     anchors = torch.randint(0, vocab, (2,), generator=gen).tolist()
-    host = {}
-    for kernels in (False, True):
-        scorer = ConditionalScorer(
-            head, embed, max_requests=2, num_drafts=depth, budget=shape.budget,
-            candidates=16, max_children=3, prefix_len=1, kernels=kernels, vocab_ids=vocab_ids,
-        )  # fmt: skip
-        scorer.prepare(hidden_rows, base)
-        host[kernels] = build_trees(scorer, anchors, shape)
+    host = build_trees(triton_step, anchors, shape)
     builder = DeviceTreeBuilder(
-        scorer, shape, chain=False, max_requests=2, device=torch.device("cpu")
+        triton_step, shape, chain=False, max_requests=2, device=torch.device("cpu")
     )
     device = builder.build(torch.tensor(anchors))
-    fields = [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in host[True]]
+    fields = [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in host]
     assert fields == [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in device]
-    for a, b in zip(host[True], host[False], strict=True):
+    for a, b in zip(host, build_trees(torch_step, anchors, shape), strict=True):
         assert (a.tokens, a.parents) == (b.tokens, b.parents)
         assert max(abs(x - y) for x, y in zip(a.scores, b.scores, strict=True)) < 1e-4
     drafted = {token for t in device for token in t.tokens[1:]}
