@@ -12,7 +12,7 @@ from tree_helpers import node_path, random_domino_checkpoint
 from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
 from vllm_dominotree.tree.ancestry import TOKEN
-from vllm_dominotree.tree.scorers import top_by_rank
+from vllm_dominotree.tree.scorers import REDUCTION_CHUNK, best_and_log_normalizer, top_by_rank
 
 V, K = 40, 5
 
@@ -157,12 +157,23 @@ def test_conditional_tree_equals_definition(head, candidates, prefix_len):
             assert score == pytest.approx(expected[path], abs=1e-4)
 
 
-def test_chain_equals_released_domino_decode(head):
+@pytest.fixture(scope="module")
+def wide_head(tmp_path_factory):
+    """A Domino head over more tokens than two reduction chunks hold (the chain's
+    argmax in two stages, the last chunk padded)."""
+    vocab = 2 * REDUCTION_CHUNK + 37
+    return Drafter.load(random_domino_checkpoint(tmp_path_factory.mktemp("wide"), vocab, K)).head
+
+
+@pytest.mark.parametrize("heads", ["head", "wide_head"])
+def test_chain_equals_released_domino_decode(heads, request):
     """The chain scorer must reproduce Domino's released single-path decoder: draft 0
     from the marginals, then argmax(L_base[i] + embed_proj([h_i ; S])) with the GRU over
     [anchor, drafts...], over the whole vocabulary."""
+    head = request.getfixturevalue(heads)
     shape = TreeShape(budget=K, max_depth=K, max_children=1)
-    hidden, base, embed, anchors = random_step(head, 3, seed=11)
+    vocab = head.proj_out.shape[0]
+    hidden, base, embed, anchors = tree_helpers.random_step(head.hidden_size, vocab, K, 3, 11)
     # Make the restriction matter: a candidate width that would miss tokens.
     scorer = make_scorer(
         "chain", head, embed, shape=shape, candidates=4, prefix_len=1, max_requests=3
@@ -316,6 +327,23 @@ def test_device_builder_ties_pop_in_push_order(head):
     # Depth 2's offers all score 2 log(1/V): node 1's first child was pushed first, then
     # node 2's, node 3's, then node 1's second child (pushed when its first was popped).
     assert host[0].parents[:8] == [-1, 0, 0, 0, 1, 2, 3, 1]
+
+
+@pytest.mark.parametrize("width", [7, REDUCTION_CHUNK, 3 * REDUCTION_CHUNK + 5])
+def test_best_and_log_normalizer_in_chunks_is_max_and_logsumexp(width):
+    gen = torch.Generator().manual_seed(width)
+    logits = 4 * torch.randn(2, 3, width, generator=gen)
+    best, index, log_z = best_and_log_normalizer(logits)
+    want = logits.max(dim=-1)
+    assert torch.equal(best, want.values) and torch.equal(index, want.indices)
+    torch.testing.assert_close(log_z, torch.logsumexp(logits, -1), rtol=0, atol=1e-5)
+    # Tied maxima in one chunk and across chunks: the first occurrence, as torch.max.
+    pairs = [(width - 1, width // 2), (0, width - 1), (width // 2, width // 2 + 1)]
+    pairs.append((REDUCTION_CHUNK % width, REDUCTION_CHUNK // 2 % width))
+    tied = torch.zeros(len(pairs), width)
+    for row, (a, b) in enumerate(pairs):
+        tied[row, a] = tied[row, b] = 9.0
+    assert best_and_log_normalizer(tied)[1].tolist() == [min(a, b) for a, b in pairs]
 
 
 def test_top_by_rank_is_topk_with_ties_in_index_order():

@@ -70,9 +70,39 @@ def top_by_rank(values: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
     return values.gather(1, picked), picked
 
 
+REDUCTION_CHUNK = 2048  # logits a program reduces in the first of two stages
+
+
+def best_and_log_normalizer(
+    logits: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The largest logit of each row of logits [..., W], the index of its first
+    occurrence, and log sum exp over the row, in float32 -> [...] each.
+
+    In two stages over chunks of REDUCTION_CHUNK, because Inductor compiles a reduction
+    over rows of a dynamic count as one program per row: over the 151,936 logits of one
+    request's row that program took ~40 us, 16 times a chain (H100, 2026-12-06c), where
+    chunks give every row ~75 programs. The index is torch.max's (the first of tied
+    maxima: the first chunk holding the maximum, its first position there); the
+    normaliser sums the chunks' sums rescaled to the maximum, so it rounds apart from
+    torch.logsumexp by a few ulps."""
+    logits = logits.float()
+    *rows, width = logits.shape
+    chunks = -(-width // REDUCTION_CHUNK)
+    padded = F.pad(logits, (0, chunks * REDUCTION_CHUNK - width), value=float("-inf"))
+    padded = padded.view(*rows, chunks, REDUCTION_CHUNK)
+    chunk_max, chunk_arg = padded.max(dim=-1)  # [..., chunks]; no chunk is all padding
+    chunk_sum = torch.exp(padded - chunk_max[..., None]).sum(dim=-1)
+    best, which = chunk_max.max(dim=-1, keepdim=True)  # [..., 1]
+    index = which * REDUCTION_CHUNK + chunk_arg.gather(-1, which)
+    scaled = (chunk_sum * torch.exp(chunk_max - best)).sum(dim=-1)
+    best, index = best.squeeze(-1), index.squeeze(-1)
+    return best, index, best + torch.log(scaled)
+
+
 def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     """log sum exp over the last dimension, in float32. [..., V] -> [...]"""
-    return torch.logsumexp(logits.float(), dim=-1)
+    return best_and_log_normalizer(logits)[2]
 
 
 class MarginalScorer:
@@ -201,10 +231,8 @@ class ConditionalScorer:
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
         self._chain = compiled(self._chain_rows, device)
         # The per-node step: the torch step below, compiled on CUDA, or with `kernels`
-        # two Triton launches (config.node_step says when each wins; builder_bench.py
-        # --steps measures both; engines take it with DOMINOTREE_NODE_STEP=triton, which
-        # the engine refuses at startup without a restriction). `step` names it in the
-        # engine's stats.
+        # two Triton launches (config.node_step says which an engine runs and why;
+        # builder_bench.py --steps measures both). `step` names it in the engine's stats.
         if kernels and not self.restricted:
             raise ValueError("the Triton step needs a top-M restriction (candidates < vocab)")
         self.step = "triton" if kernels else "torch"
