@@ -15,7 +15,8 @@ rows through FA3 path requests / the Triton fix-up kernel / path requests for ev
 and no stock pass / the fix-up's kernel for every row and no stock pass / FA3 over each
 prefix plus the trees' own part, merged (kernels/tree_merge.py),
 `-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS), `-triton`
-with the conditional scorer's per-node step and the builder's pop as Triton launches
+/ `-torch-step` with the conditional scorer's per-node step and the builder's pop as
+Triton launches (CUDA's default since 2026-12-06c) / as compiled torch code
 (DOMINOTREE_NODE_STEP), `-accept-torch` with the trees accepted by torch code instead of
 the Triton launch that is CUDA's default (DOMINOTREE_ACCEPT_KERNEL), e.g.
 `conditional-sync` or `conditional-one-pass-splits1`; and,
@@ -120,6 +121,7 @@ VARIANTS = {
     "-one-pass-fixup": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-fixup"}),
     "-one-pass-merge": ({}, {"DOMINOTREE_CUDA_TREE_ATTENTION": "one-pass-merge"}),
     "-triton": ({}, {"DOMINOTREE_NODE_STEP": "triton"}),
+    "-torch-step": ({}, {"DOMINOTREE_NODE_STEP": "torch"}),
     "-accept-torch": ({}, {"DOMINOTREE_ACCEPT_KERNEL": "torch"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
 }

@@ -4,7 +4,7 @@
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
-#                     kernel, builder and engine tests, 20 jobs) and `suite bf16` (the bf16
+#                     kernel, builder and engine tests, 21 jobs) and `suite bf16` (the bf16
 #                     test's baselines and its 20 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
@@ -166,7 +166,10 @@ $e::test_paths_attention_refused_without_fa3"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[chain] $e::test_greedy_eager"
         "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_chain_on_the_v2_runner_equals_no_speculation"
         "tests $e::test_trees_on_the_v2_runner_equal_no_speculation"
-        "tests $e::test_triton_node_step_equals_no_speculation"
+        "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-default] \
+$e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-torch]"
+        "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v2-default] \
+$e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v2-torch]"
         "tests $e::test_a_draft_vocabulary_on_cuda_equals_no_speculation"
         "tests $e::test_logprobs_under_full_graphs_equal_no_speculation"
         "tests $e::test_sampling_constraints_equal_no_speculation"

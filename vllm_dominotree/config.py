@@ -24,8 +24,10 @@ CPU_BUDGET = 4
 # bfloat16, 8192 tokens cut the build stage from 7.0 to 3.8 ms a step and kept the accept
 # length (1.000x, 0.998-1.002): 1.12x over no speculation against 1.08x with the whole
 # vocabulary and 1.07x with 16384 (benchmarks/results/draft_vocab_cpu.md). CUDA: the
-# whole vocabulary until the option's cost is measured there (it runs there, lossless:
-# tests/gpu/test_engine_gpu.py, H200 2026-12-06b).
+# whole vocabulary. 32768 of Qwen3's tokens take 0.16 ms off a batch-1 round and 0.5 ms
+# off a batch-16 one (H100, benchmarks/results/h100_2026-12-06c/), but what they cost a
+# trained drafter's accept length there is not measured, and released drafters ship no
+# ranking. It runs there losslessly (tests/gpu/test_engine_gpu.py, H200 2026-12-06b).
 CPU_DRAFT_VOCAB = 8192
 
 
@@ -97,17 +99,44 @@ def _kernel_switch(variable: str, default: str = "torch") -> str:
     return kind
 
 
-def node_step() -> str:
+def node_step(scorer: str, candidates: int, width: int, cuda: bool) -> str:
     """How the conditional scorer computes a node's children (tree/scorers.py), from the
-    environment's DOMINOTREE_NODE_STEP: "torch" (default: the torch step, compiled on
-    CUDA) or "triton" (two Triton launches per pop: the GRU, then u and the children with the
-    builder's bookkeeping, kernels/domino_step.py and kernels/tree_pop.py; CUDA, with a
-    top-M restriction, candidates below the drafter's logits: refused at startup
-    otherwise). It builds a budget-16 tree in 0.98 / 1.46 / 3.64 ms at batch 1 / 16 / 64
-    against the torch step's 1.31 / 1.75 / 3.48 (H100, benchmarks/results/h100_2026-12-05e);
-    not the default until it has run in the float32 engine tests
-    (tests/gpu/test_engine_gpu.py::test_triton_node_step_equals_no_speculation)."""
-    return _kernel_switch("DOMINOTREE_NODE_STEP")
+    environment's DOMINOTREE_NODE_STEP: "triton" (two Triton launches per pop: the GRU,
+    then u and the children with the builder's bookkeeping, kernels/domino_step.py and
+    kernels/tree_pop.py) or "torch" (the torch step, compiled on CUDA). width: the
+    drafter's logits the top M is taken of (its draft vocabulary, or all its tokens).
+
+    The Triton step corrects a top-M restriction, so it needs candidates below width and
+    CUDA: asked for without them it is refused (at engine start); by default it is what
+    CUDA runs wherever it applies, the torch step elsewhere (CPU, whole-vocabulary
+    candidates). Other scorers have no node step ("torch" here). Why the default:
+    a budget-16 build in 1.19 / 1.57 / 3.53 ms at batch 1 / 16 / 64 (H100,
+    benchmarks/results/h100_2026-12-06c) against the torch step's 1.31 / 1.75 / 3.48
+    (H100, benchmarks/results/h100_2026-12-05e), a batch-1 round in vLLM (V2) of 5.40 ms
+    against 5.56 (H200, benchmarks/results/h200_2026-12-05b), and greedy float32 output
+    equal to no speculation in the GPU engine tests on both runners."""
+    asked = os.environ.get("DOMINOTREE_NODE_STEP")
+    if asked is not None and asked not in KERNEL_CHOICES:
+        raise DominoTreeConfigError(
+            f"dominotree: DOMINOTREE_NODE_STEP={asked!r}; use one of {KERNEL_CHOICES}"
+        )
+    if asked == "triton" and not cuda:
+        raise DominoTreeConfigError(
+            "DOMINOTREE_NODE_STEP=triton runs the scorer's step as CUDA kernels; "
+            "unset it (or set it to torch) on CPU"
+        )
+    restricted = scorer == "conditional" and candidates < width
+    if asked == "triton" and scorer == "conditional" and not restricted:
+        raise DominoTreeConfigError(
+            f"DOMINOTREE_NODE_STEP=triton corrects a top-M restriction of the drafter's "
+            f"{width} logits, but candidates is {candidates}: set candidates below "
+            f"{width}, or unset DOMINOTREE_NODE_STEP"
+        )
+    if scorer != "conditional":
+        return "torch"
+    if asked is not None:
+        return asked
+    return "triton" if cuda and restricted else "torch"
 
 
 def accept_kernel(cuda: bool) -> str:

@@ -14,8 +14,10 @@ from vllm_dominotree.config import (
     DominoTreeConfig,
     DominoTreeConfigError,
     accept_kernel,
+    node_step,
 )
 from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
+from vllm_dominotree.patches import engine_args
 from vllm_dominotree.patches.engine_args import check_engine_config
 from vllm_dominotree.speculative import translate
 
@@ -124,8 +126,6 @@ def test_scheduling_is_vllms_choice_in_both_cuda_tree_attention_modes(pair_dirs,
     are built on the device (tree_paths.PathTables.build), so no step waits for its trees."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_dominotree.patches import engine_args
-
     def args(**options):
         return EngineArgs(
             model=pair_dirs["target"], speculative_config=dominotree(pair_dirs), **options
@@ -193,6 +193,24 @@ def test_accept_kernel_defaults_to_the_kernel_on_cuda_only(monkeypatch):
     assert accept_kernel(cuda=True) == "torch"
 
 
+def test_node_step_defaults_to_the_triton_step_where_it_applies(monkeypatch):
+    """CUDA runs the Triton node step wherever it can (the conditional scorer with a top-M
+    restriction), the torch step elsewhere; the variable overrides either way, within
+    what can run."""
+    monkeypatch.delenv("DOMINOTREE_NODE_STEP", raising=False)
+    assert node_step("conditional", 64, 151936, cuda=True) == "triton"
+    assert node_step("conditional", 64, 64, cuda=True) == "torch"  # the whole vocabulary
+    assert node_step("conditional", 64, 151936, cuda=False) == "torch"
+    assert node_step("marginal", 64, 151936, cuda=True) == "torch"
+    monkeypatch.setenv("DOMINOTREE_NODE_STEP", "torch")
+    assert node_step("conditional", 64, 151936, cuda=True) == "torch"
+    monkeypatch.setenv("DOMINOTREE_NODE_STEP", "triton")
+    assert node_step("conditional", 16, 64, cuda=True) == "triton"
+    assert node_step("chain", 64, 64, cuda=True) == "torch"  # no node step to run
+    with pytest.raises(DominoTreeConfigError, match="candidates is 64: set candidates below"):
+        node_step("conditional", 64, 64, cuda=True)
+
+
 @pytest.mark.parametrize("candidates", [64, 16])
 def test_triton_step_without_a_top_m_restriction_is_refused_at_startup(
     pair_dirs, monkeypatch, candidates
@@ -200,14 +218,16 @@ def test_triton_step_without_a_top_m_restriction_is_refused_at_startup(
     """DOMINOTREE_NODE_STEP=triton needs candidates below the drafter's logits (the toy
     pair's 64): refused in process 0, naming both and the fix, where the worker's engine
     core used to fail to start (H100, 2026-12-05e); with 16 candidates it passes. (The
-    check runs on the engine's real config; on CPU the variable is refused before it,
-    so it is called here with the variable set after the config is made.)"""
+    check runs on the engine's real config, made on CPU, where the variable is refused
+    outright: it is called here as on CUDA, with the variable set after the config is
+    made.)"""
     from vllm.engine.arg_utils import EngineArgs
 
     options = dominotree(pair_dirs, candidates=candidates)
     args = EngineArgs(model=pair_dirs["target"], speculative_config=options)
     config = args.create_engine_config()
     monkeypatch.setenv("DOMINOTREE_NODE_STEP", "triton")
+    monkeypatch.setattr(engine_args.current_platform, "is_cuda", lambda: True)
     if candidates == 16:
         check_engine_config(config)
         return

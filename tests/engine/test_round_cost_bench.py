@@ -131,6 +131,11 @@ def test_method_variants_name_their_engine_arguments_and_environment():
         {"DOMINOTREE_CUDA_TREE_ATTENTION": "paths"},
     )
     assert split_variants("chain") == ("chain", {}, {})
+    assert split_variants("conditional-v2-torch-step") == (
+        "conditional-v2",
+        {},
+        {"DOMINOTREE_NODE_STEP": "torch"},
+    )
     assert split_variants("conditional-fixup")[2] == {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}
     # The longest suffix first: not "-fixup", then "-one-pass" over it.
     assert split_variants("conditional-one-pass-fixup-sync") == (

@@ -241,11 +241,13 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     assert stats["accept_kernel"] == "triton"
 
 
+@pytest.mark.parametrize("step", ["default", "torch"])
 @pytest.mark.parametrize("model_runner", ["v1", "v2"])
-def test_triton_node_step_equals_no_speculation(dirs, expected, model_runner):
-    """The conditional scorer's per-node step as Triton launches (DOMINOTREE_NODE_STEP,
-    kernels/domino_step.py) inside the engine's build graphs, on either runner: it needs a
-    top-M restriction, so 16 candidates of the toy pair's 64 tokens."""
+def test_node_steps_of_a_top_m_restriction_equal_no_speculation(dirs, expected, model_runner, step):
+    """The conditional scorer's per-node step over a top-M restriction (16 candidates of
+    the toy pair's 64 tokens) inside the engine's build graphs, on either runner: by
+    default the Triton launches (kernels/domino_step.py, config.node_step), and the
+    torch step when DOMINOTREE_NODE_STEP asks for it."""
     config = {
         "method": "dominotree",
         "model": str(dirs[1]),
@@ -253,18 +255,19 @@ def test_triton_node_step_equals_no_speculation(dirs, expected, model_runner):
         "candidates": 16,
         "model_runner": model_runner,
     }
-    tokens, stats = generate(dirs, config, env={"DOMINOTREE_NODE_STEP": "triton"})
-    print(f"triton-{model_runner}", stats)
+    env = {} if step == "default" else {"DOMINOTREE_NODE_STEP": step}
+    tokens, stats = generate(dirs, config, env=env)
+    print(f"{step}-{model_runner}", stats)
     assert tokens == expected[: len(PROMPTS)]
-    assert stats["scorer_step"] == "triton"
+    assert stats["scorer_step"] == ("triton" if step == "default" else step)
     assert stats["sibling_accepts"] > 0 and stats["kv_moves"] > 0
 
 
 def test_a_draft_vocabulary_on_cuda_equals_no_speculation(dirs, expected, tmp_path):
     """`draft_vocab` on CUDA (0 there by default): the drafter's logits, the top M and the
-    Triton node step over 32 of the toy pair's 64 tokens (the 32 the target emits most
-    often, so that trees still branch and siblings get accepted), inside the V2 runner's
-    build graphs. The target still decides every token."""
+    Triton node step (CUDA's default) over 32 of the toy pair's 64 tokens (the 32 the
+    target emits most often, so that trees still branch and siblings get accepted), inside
+    the V2 runner's build graphs. The target still decides every token."""
     import torch
 
     counts = collections.Counter(t for out in expected[: len(PROMPTS)] for t in out)
@@ -279,7 +282,7 @@ def test_a_draft_vocabulary_on_cuda_equals_no_speculation(dirs, expected, tmp_pa
         "draft_vocab": 32,
         "model_runner": "v2",
     }
-    tokens, stats = generate(dirs, config, env={"DOMINOTREE_NODE_STEP": "triton"})
+    tokens, stats = generate(dirs, config)
     print("draft-vocab", stats)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["draft_vocab"] == 32 and stats["scorer_step"] == "triton"

@@ -100,14 +100,16 @@ def drafter_scorer(
 ):
     """The tree scorer (tree/scorers.py) over a loaded drafter: Domino's head from the
     checkpoint's GRU and correction weights (none for a plain DFlash checkpoint), the
-    target's embedding over the whole vocabulary; the conditional scorer's Triton step
-    with DOMINOTREE_NODE_STEP=triton (CUDA; refused on CPU at engine start), on either
+    target's embedding over the whole vocabulary; the conditional scorer's node step as
+    config.node_step resolves it (the Triton step on CUDA wherever it applies), on either
     runner. With a draft vocabulary the model's `draft_logits` cover it too."""
     vocab = vllm_config.model_config.get_vocab_size()
     vocab_ids = None
     if options.draft_vocab:
         vocab_ids = draft_vocab_ids(spec.path, options.draft_vocab, vocab).to(device)
         model.use_draft_vocab(vocab_ids, vocab)
+    width = options.draft_vocab or spec.vocab_size  # the logits the top M is taken of
+    step = node_step(options.scorer, options.candidates, width, cuda=device.type == "cuda")
     head = None
     if spec.is_domino:
         # vLLM may load weights before the model reaches its device.
@@ -120,7 +122,7 @@ def drafter_scorer(
         candidates=options.candidates,
         prefix_len=spec.pure_draft_prefix_len,
         max_requests=max_requests,
-        kernels=options.scorer == "conditional" and node_step() == "triton",
+        kernels=step == "triton",
         vocab_ids=vocab_ids,
         # CPU: float32 node steps (one-row bfloat16 products are slow there).
         step_dtype=torch.float32 if device.type == "cpu" else None,

@@ -45,11 +45,6 @@ def prepare_engine_args(args: EngineArgs) -> None:
             f"(data_parallel_size={args.data_parallel_size}): run one engine per replica "
             "(tensor parallelism within each works), or set data_parallel_size=1"
         )
-    if node_step() == "triton" and not current_platform.is_cuda():
-        raise DominoTreeConfigError(
-            "DOMINOTREE_NODE_STEP=triton runs the scorer's step as CUDA kernels; "
-            "unset it (or set it to torch) on CPU"
-        )
     if not current_platform.is_cuda() and accept_kernel(cuda=False) == "triton":
         raise DominoTreeConfigError(
             "DOMINOTREE_ACCEPT_KERNEL=triton accepts trees with a CUDA kernel; "
@@ -93,12 +88,8 @@ def check_engine_config(config) -> None:
         raise DominoTreeConfigError(f"{err} (target: {model.model})") from err
     options = DominoTreeConfig(**config.additional_config[ADDITIONAL_CONFIG_KEY])
     width = options.draft_vocab or spec.vocab_size  # the logits the scorer takes its top M of
-    if node_step() == "triton" and options.scorer == "conditional" and options.candidates >= width:
-        raise DominoTreeConfigError(
-            f"DOMINOTREE_NODE_STEP=triton corrects a top-M restriction of the drafter's "
-            f"{width} logits, but candidates is {options.candidates}: set candidates below "
-            f"{width}, or unset DOMINOTREE_NODE_STEP"
-        )
+    # Refuses a DOMINOTREE_NODE_STEP this engine cannot run; the workers resolve the same.
+    node_step(options.scorer, options.candidates, width, cuda=current_platform.is_cuda())
 
 
 def patch_engine_args() -> None:
