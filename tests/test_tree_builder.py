@@ -331,9 +331,10 @@ def test_device_builder_ties_pop_in_push_order(head):
 
 @pytest.mark.parametrize("width", [7, REDUCTION_CHUNK, 3 * REDUCTION_CHUNK + 5])
 def test_best_and_log_normalizer_in_chunks_is_max_and_logsumexp(width):
+    """The two stages over chunks that CUDA runs (here on CPU tensors)."""
     gen = torch.Generator().manual_seed(width)
     logits = 4 * torch.randn(2, 3, width, generator=gen)
-    best, index, log_z = best_and_log_normalizer(logits)
+    best, index, log_z = best_and_log_normalizer(logits, chunked=True)
     want = logits.max(dim=-1)
     assert torch.equal(best, want.values) and torch.equal(index, want.indices)
     torch.testing.assert_close(log_z, torch.logsumexp(logits, -1), rtol=0, atol=1e-5)
@@ -343,7 +344,7 @@ def test_best_and_log_normalizer_in_chunks_is_max_and_logsumexp(width):
     tied = torch.zeros(len(pairs), width)
     for row, (a, b) in enumerate(pairs):
         tied[row, a] = tied[row, b] = 9.0
-    assert best_and_log_normalizer(tied)[1].tolist() == [min(a, b) for a, b in pairs]
+    assert best_and_log_normalizer(tied, chunked=True)[1].tolist() == [min(a, b) for a, b in pairs]
 
 
 def test_top_by_rank_is_topk_with_ties_in_index_order():

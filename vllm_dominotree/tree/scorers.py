@@ -74,19 +74,23 @@ REDUCTION_CHUNK = 2048  # logits a program reduces in the first of two stages
 
 
 def best_and_log_normalizer(
-    logits: torch.Tensor,
+    logits: torch.Tensor, chunked: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The largest logit of each row of logits [..., W], the index of its first
     occurrence, and log sum exp over the row, in float32 -> [...] each.
 
-    In two stages over chunks of REDUCTION_CHUNK, because Inductor compiles a reduction
-    over rows of a dynamic count as one program per row: over the 151,936 logits of one
-    request's row that program took ~40 us, 16 times a chain (H100, 2026-12-06c), where
-    chunks give every row ~75 programs. The index is torch.max's (the first of tied
-    maxima: the first chunk holding the maximum, its first position there); the
-    normaliser sums the chunks' sums rescaled to the maximum, so it rounds apart from
-    torch.logsumexp by a few ulps."""
+    On CUDA (chunked None) in two stages over chunks of REDUCTION_CHUNK, because Inductor
+    compiles a reduction over rows of a dynamic count as one program per row: over the
+    151,936 logits of one request's row that program took ~40 us, 16 times a chain (H100,
+    2026-12-06c), where chunks give every row ~75 programs. The index is torch.max's (the
+    first of tied maxima: the first chunk holding the maximum, its first position there);
+    the normaliser sums the chunks' sums rescaled to the maximum, so it rounds apart from
+    torch.logsumexp by a few ulps. Eager on CPU, torch's own reductions are one pass
+    (the chunks' copies cost 4-5x there)."""
     logits = logits.float()
+    if not (logits.is_cuda if chunked is None else chunked):
+        best, index = logits.max(dim=-1)
+        return best, index, torch.logsumexp(logits, dim=-1)
     *rows, width = logits.shape
     chunks = -(-width // REDUCTION_CHUNK)
     padded = F.pad(logits, (0, chunks * REDUCTION_CHUNK - width), value=float("-inf"))
