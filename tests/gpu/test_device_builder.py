@@ -91,3 +91,22 @@ def test_device_trees_equal_host_heap(
             assert h.num_nodes - 1 == shape.budget
             assert max(h.depths) > 1, "a tree of depth 1 would not exercise the states"
     assert builder.counts.graph_builds == 3 and builder.counts.eager_builds == 0
+
+
+def test_the_chains_reduction_compiled_for_cuda_is_max_and_logsumexp():
+    """The chain's argmax and normaliser as its compiled step runs them on CUDA (two
+    stages over chunks, tree/scorers.best_and_log_normalizer, one dynamic-shape
+    compilation) against torch.max and torch.logsumexp over Qwen3's 151,936 logits, with
+    tied maxima in two chunks."""
+    from vllm_dominotree.tree.scorers import REDUCTION_CHUNK, best_and_log_normalizer
+
+    compiled = torch.compile(best_and_log_normalizer, fullgraph=True, dynamic=True)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for rows in (1, 8):
+        logits = 4 * torch.randn(rows, VOCAB, generator=gen, device="cuda")
+        logits[0, [5 * REDUCTION_CHUNK + 3, VOCAB - 1]] = 99.0
+        best, index, log_z = compiled(logits)
+        want = logits.max(dim=-1)
+        assert torch.equal(best, want.values) and torch.equal(index, want.indices)
+        assert index[0].item() == 5 * REDUCTION_CHUNK + 3
+        torch.testing.assert_close(log_z, torch.logsumexp(logits, -1), rtol=0, atol=1e-4)
