@@ -4,7 +4,7 @@ and plain decoding, on random weights of a real shape.
     python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
         [--batches 1 4 16 64] \\
         [--methods ar dflash dflash-v1 chain marginal conditional chain-v2 conditional-v2] \\
-        [--tokens 64] [--repeats 3] [--enforce-eager] [--no-split]
+        [--tokens 64] [--prompt-tokens 128] [--repeats 3] [--enforce-eager] [--no-split]
 
 A plugin method may carry variants as suffixes (VARIANTS): `-sync` runs it with vLLM's
 synchronous scheduling instead of its default (asynchronous on CUDA), `-vllm-draft` with
@@ -281,13 +281,16 @@ def speculative_config(method: str, dirs: dict[str, str], draft_vocab: int = 0) 
     return config | {"scorer": method}
 
 
-def timed_batch(llm, batch: int, tokens: int, vocab: int, seed: int) -> tuple[float, float]:
-    """(decode seconds of the batch, rounds per request) for `batch` random prompts."""
+def timed_batch(
+    llm, batch: int, tokens: int, vocab: int, prompt_tokens: int, seed: int
+) -> tuple[float, float]:
+    """(decode seconds of the batch, rounds per request) for `batch` random prompts of
+    `prompt_tokens` tokens."""
     from vllm import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
     prompts = [
-        {"prompt_token_ids": torch.randint(0, vocab - 1, (128,), generator=gen).tolist()}
+        {"prompt_token_ids": torch.randint(0, vocab - 1, (prompt_tokens,), generator=gen).tolist()}
         for _ in range(batch)
     ]
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
@@ -337,7 +340,8 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         skip_tokenizer_init=True,
         dtype="bfloat16",
         seed=0,
-        max_model_len=1024,
+        # Room for the prompt, the answer and a verification's rows past its end.
+        max_model_len=max(1024, args.prompt_tokens + args.tokens + 128),
         max_num_seqs=max(args.batches),
         disable_log_stats=False,
         speculative_config=speculative_config(base, dirs, split_draft_vocab(method)[1]),
@@ -351,17 +355,19 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     rows = []
     try:
         for batch in args.batches:
-            timed_batch(llm, batch, 8, vocab, seed=1)  # warm-up
+            timed_batch(llm, batch, 8, vocab, args.prompt_tokens, seed=1)  # warm-up
             # The same batch `repeats` times (same prompts, so the same rounds): the
             # median is the figure, the runs say how much one reading can move.
             runs = [
-                timed_batch(llm, batch, args.tokens, vocab, seed=2) for _ in range(args.repeats)
+                timed_batch(llm, batch, args.tokens, vocab, args.prompt_tokens, seed=2)
+                for _ in range(args.repeats)
             ]
             rounds = runs[0][1]
             ms_runs = [1e3 * seconds / r for seconds, r in runs]
             row = {
                 "method": method,
                 "batch": batch,
+                "prompt_tokens": args.prompt_tokens,
                 "rounds": rounds,
                 "accept_length": (args.tokens - 1) / rounds,
                 "ms_per_round": statistics.median(ms_runs),
@@ -373,7 +379,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 # the plugin's V2 stages, and vLLM's runners labelled at the same points
                 # (verify: the target's forward, sample, draft: the drafter's propose).
                 llm.collective_rpc("kernel_trace", args=(True,))
-                _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
+                _, traced = timed_batch(llm, batch, args.tokens, vocab, args.prompt_tokens, seed=2)
                 trace = llm.collective_rpc("kernel_trace", args=(False,))[0]
                 row["kernel_ms_per_round"] = trace["kernel_ms"] / traced
                 row |= counts_per_step(trace, traced)  # like the plugin's rows
@@ -391,7 +397,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 row |= tree_fields(method, environment, llm.collective_rpc("dominotree_stats")[0])
             if base in PLUGIN_METHODS and not args.no_split:
                 llm.collective_rpc("dominotree_profile", args=(True,))
-                _, rounds = timed_batch(llm, batch, args.tokens, vocab, seed=2)
+                _, rounds = timed_batch(llm, batch, args.tokens, vocab, args.prompt_tokens, seed=2)
                 stats = llm.collective_rpc("dominotree_stats")[0]
                 row["async_scheduling"] = stats.get("async_scheduling", False)
                 row["graph_drafts"] = stats.get("graph_drafts", 0)  # query passes replayed
@@ -404,7 +410,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 split["rest"] = split.pop("step") - sum(split.values())
                 row["profiled_ms"] = split
                 llm.collective_rpc("dominotree_trace", args=(True,))
-                _, traced = timed_batch(llm, batch, args.tokens, vocab, seed=2)
+                _, traced = timed_batch(llm, batch, args.tokens, vocab, args.prompt_tokens, seed=2)
                 trace = llm.collective_rpc("dominotree_trace", args=(False,))[0]
                 steps = max(1, trace["steps"])
                 row |= counts_per_step(trace, steps)
@@ -551,6 +557,7 @@ def report(rows: list[dict], args) -> None:
         "",
         "; ".join(f"`{c}`" for c in dict.fromkeys(r.get("command", "") for r in rows))
         + f"; random {args.shape}-shaped target and drafters, "
+        f"prompts of {args.prompt_tokens} tokens, "
         f"{args.tokens} tokens per request, ms per round (verify .. rest: the stage "
         "clock's split, with syncs; graphs / eager launches / host waits per "
         "verification step from a traced pass).",
@@ -592,6 +599,13 @@ def main() -> None:
         default=["ar", "dflash", "dflash-v1", "chain", "marginal", "conditional"],
     )
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=128,
+        help="each prompt's length: the prefix every verification attends over (tree rows "
+        "through FA3 path requests read it once per root-to-leaf path)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per batch (median)")
     parser.add_argument("--models", type=Path, help="where the random models go (default: --out)")
     parser.add_argument("--enforce-eager", action="store_true")
@@ -616,6 +630,12 @@ def main() -> None:
     # This process never touches the GPU: every engine needs all of its memory, so the
     # models and each method get a process of their own, started once the last one's
     # engine has let go of the GPU.
+    lengths = {row.get("prompt_tokens", 128) for row in gathered_rows(args.out)}
+    if lengths - {args.prompt_tokens}:
+        raise SystemExit(
+            f"{args.out} holds rows measured with prompts of {sorted(lengths)} tokens, not "
+            f"{args.prompt_tokens}: one table has one prompt length; use another --out"
+        )
     started = time.perf_counter()
     for method in [MODELS, *args.methods]:
         env = dict(os.environ)

@@ -16,7 +16,8 @@
 #                     one engine
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/: the
 #                     rows of every round-cost call on this machine in one table (two or
-#                     three methods fit a call: `--methods ar dflash`, then others)
+#                     three methods fit a call: `--methods ar dflash`, then others);
+#                     with `--prompt-tokens N` -> $OUT/round_cost_pN/
 #   builder [ARGS]    benchmarks/builder_bench.py (the device builder against the host heap;
 #                     `--profile`: each device build's kernels) -> $OUT/builder/
 #   vocab-topk [ARGS] benchmarks/vocab_topk_bench.py (the per-depth top M: torch.topk
@@ -236,11 +237,16 @@ $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v2-torch]"
     ;;
   round-cost)
     # One table over this machine's calls (/tmp/round_cost keeps every method's rows), a
-    # copy of it in each call's $OUT.
+    # copy of it in each call's $OUT; prompts of another length than 128 tokens
+    # (--prompt-tokens N) make a table of their own, /tmp/round_cost_pN.
     status=0
-    python3 benchmarks/round_cost_bench.py --out /tmp/round_cost --models /tmp/rc_models "$@" \
+    table=/tmp/round_cost
+    for ((i = 1; i < $#; i++)); do
+      if [ "${!i}" = --prompt-tokens ]; then j=$((i + 1)); table=/tmp/round_cost_p${!j}; fi
+    done
+    python3 benchmarks/round_cost_bench.py --out "$table" --models /tmp/rc_models "$@" \
       2>&1 | quiet | tee -a "$OUT/round_cost.log" || status=$?
-    cp -r /tmp/round_cost "$OUT/"  # what finished, even when a method failed
+    cp -r "$table" "$OUT/"  # what finished, even when a method failed
     exit $status
     ;;
   rounding)

@@ -37,6 +37,7 @@ METHODS = [
 ]
 BATCHES = [1, 2]
 TOKENS = 12
+PROMPT_TOKENS = 40
 
 
 def test_round_cost_bench_runs_every_method(tmp_path):
@@ -51,6 +52,8 @@ def test_round_cost_bench_runs_every_method(tmp_path):
         *map(str, BATCHES),
         "--tokens",
         str(TOKENS),
+        "--prompt-tokens",
+        str(PROMPT_TOKENS),
         "--repeats",
         "2",
         "--enforce-eager",
@@ -64,7 +67,7 @@ def test_round_cost_bench_runs_every_method(tmp_path):
     assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for m in METHODS for b in BATCHES]
     for r in rows:
         base = split_variants(r["method"])[0]
-        assert r["ms_per_round"] > 0
+        assert r["ms_per_round"] > 0 and r["prompt_tokens"] == PROMPT_TOKENS
         # The median of the repeated runs of one batch.
         assert len(r["ms_per_round_runs"]) == 2
         assert r["ms_per_round"] == sum(r["ms_per_round_runs"]) / 2
@@ -120,6 +123,7 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             assert abs(r["projection"]["projected_speedup"] - expected) < 1e-9
     table = (tmp_path / "round_cost.md").read_text()
     assert table.startswith("# Round cost on CPU")
+    assert f"prompts of {PROMPT_TOKENS} tokens" in table
     assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(rows)
     assert "DominoTree (16)" in table
 
@@ -185,6 +189,18 @@ def test_a_rows_trees_come_from_the_engines_report():
         tree_fields(method, split_variants(method)[2], one_pass)
     chain = tree_fields("chain-v2", {}, {"scorer_step": "torch"})  # vLLM verifies the chain
     assert chain["one_pass_share"] == "" and trees_cell(chain) == "-"
+
+
+def test_a_table_has_one_prompt_length(tmp_path):
+    """Rows of another prompt length in --out stop the bench before any engine starts,
+    naming both lengths and the fix (rows from before the option count as 128)."""
+    (tmp_path / "rows-dflash.json").write_text(json.dumps([{"method": "dflash", "batch": 1}]))
+    command = [sys.executable, str(ROOT / "benchmarks" / "round_cost_bench.py")]
+    command += ["--out", str(tmp_path), "--shape", "tiny", "--prompt-tokens", "2048"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert "prompts of [128] tokens, not 2048" in run.stderr and "another --out" in run.stderr
+    assert not (tmp_path / "models").exists()
 
 
 def test_methods_of_several_calls_make_one_table(tmp_path):
