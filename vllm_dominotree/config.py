@@ -109,12 +109,12 @@ def node_step(scorer: str, candidates: int, width: int, cuda: bool) -> str:
     The Triton step corrects a top-M restriction, so it needs candidates below width and
     CUDA: asked for without them it is refused (at engine start); by default it is what
     CUDA runs wherever it applies, the torch step elsewhere (CPU, whole-vocabulary
-    candidates). Other scorers have no node step ("torch" here). Why the default:
-    a budget-16 build in 1.19 / 1.57 / 3.53 ms at batch 1 / 16 / 64 (H100,
-    benchmarks/results/h100_2026-12-06c) against the torch step's 1.31 / 1.75 / 3.48
-    (H100, benchmarks/results/h100_2026-12-05e), a batch-1 round in vLLM (V2) of 5.40 ms
-    against 5.56 (H200, benchmarks/results/h200_2026-12-05b), and greedy float32 output
-    equal to no speculation in the GPU engine tests on both runners."""
+    candidates). Other scorers have no node step ("torch" here). Why the default: a
+    budget-16 build in 0.98 / 1.46 / 3.64 ms at batch 1 / 16 / 64 against the torch
+    step's 1.31 / 1.75 / 3.48 (H100, one run, benchmarks/results/h100_2026-12-05e: slower
+    at batch 64 only), a batch-1 round in vLLM (V2) of 5.40 ms against 5.56 (H200,
+    benchmarks/results/h200_2026-12-05b), and greedy float32 output equal to no
+    speculation in the GPU engine tests on both runners (H100, 2026-12-06c)."""
     asked = os.environ.get("DOMINOTREE_NODE_STEP")
     if asked is not None and asked not in KERNEL_CHOICES:
         raise DominoTreeConfigError(
