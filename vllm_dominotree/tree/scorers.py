@@ -86,7 +86,7 @@ def best_and_log_normalizer(
     first of tied maxima: the first chunk holding the maximum, its first position there);
     the normaliser sums the chunks' sums rescaled to the maximum, so it rounds apart from
     torch.logsumexp by a few ulps. Eager on CPU, torch's own reductions are one pass
-    (the chunks' copies cost 4-5x there)."""
+    (the chunks cost 3x there: 2.6 against 0.9 ms over 16 x 49,152 logits, 2 cores)."""
     logits = logits.float()
     if not (logits.is_cuda if chunked is None else chunked):
         best, index = logits.max(dim=-1)
@@ -105,8 +105,12 @@ def best_and_log_normalizer(
 
 
 def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
-    """log sum exp over the last dimension, in float32. [..., V] -> [...]"""
-    return best_and_log_normalizer(logits)[2]
+    """log sum exp over the last dimension, in float32. [..., V] -> [...]: on CUDA in
+    chunks (whose maximum and index, unused, Inductor leaves out); eager on CPU without
+    the maximum, which would double the cost there."""
+    if logits.is_cuda:
+        return best_and_log_normalizer(logits)[2]
+    return torch.logsumexp(logits.float(), dim=-1)
 
 
 class MarginalScorer:
