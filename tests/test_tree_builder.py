@@ -338,6 +338,11 @@ def test_best_and_log_normalizer_in_chunks_is_max_and_logsumexp(width):
     want = logits.max(dim=-1)
     assert torch.equal(best, want.values) and torch.equal(index, want.indices)
     torch.testing.assert_close(log_z, torch.logsumexp(logits, -1), rtol=0, atol=1e-5)
+    # Masked tokens: a whole chunk of -inf (where there are two chunks) changes nothing.
+    logits[..., : min(REDUCTION_CHUNK, width - 1)] = float("-inf")
+    best, index, log_z = best_and_log_normalizer(logits, chunked=True)
+    assert torch.equal(index, logits.max(dim=-1).indices)
+    torch.testing.assert_close(log_z, torch.logsumexp(logits, -1), rtol=0, atol=1e-5)
     # Tied maxima in one chunk and across chunks: the first occurrence, as torch.max.
     pairs = [(width - 1, width // 2), (0, width - 1), (width // 2, width // 2 + 1)]
     pairs.append((REDUCTION_CHUNK % width, REDUCTION_CHUNK // 2 % width))

@@ -95,11 +95,13 @@ def best_and_log_normalizer(
     chunks = -(-width // REDUCTION_CHUNK)
     padded = F.pad(logits, (0, chunks * REDUCTION_CHUNK - width), value=float("-inf"))
     padded = padded.view(*rows, chunks, REDUCTION_CHUNK)
-    chunk_max, chunk_arg = padded.max(dim=-1)  # [..., chunks]; no chunk is all padding
-    chunk_sum = torch.exp(padded - chunk_max[..., None]).sum(dim=-1)
+    chunk_max, chunk_arg = padded.max(dim=-1)  # [..., chunks]
+    # A chunk of -inf logits alone (masked tokens) sums to 0, not to exp(-inf + inf).
+    shift = torch.where(chunk_max > float("-inf"), chunk_max, 0.0)
+    chunk_sum = torch.exp(padded - shift[..., None]).sum(dim=-1)
     best, which = chunk_max.max(dim=-1, keepdim=True)  # [..., 1]
     index = which * REDUCTION_CHUNK + chunk_arg.gather(-1, which)
-    scaled = (chunk_sum * torch.exp(chunk_max - best)).sum(dim=-1)
+    scaled = (chunk_sum * torch.exp(shift - best)).sum(dim=-1)
     best, index = best.squeeze(-1), index.squeeze(-1)
     return best, index, best + torch.log(scaled)
 
