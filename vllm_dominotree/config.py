@@ -115,11 +115,8 @@ def node_step(scorer: str, candidates: int, width: int, cuda: bool) -> str:
     at batch 64 only), a batch-1 round in vLLM (V2) of 5.40 ms against 5.56 (H200,
     benchmarks/results/h200_2026-12-05b), and greedy float32 output equal to no
     speculation in the GPU engine tests on both runners (H100, 2026-12-06c)."""
-    asked = os.environ.get("DOMINOTREE_NODE_STEP")
-    if asked is not None and asked not in KERNEL_CHOICES:
-        raise DominoTreeConfigError(
-            f"dominotree: DOMINOTREE_NODE_STEP={asked!r}; use one of {KERNEL_CHOICES}"
-        )
+    variable = "DOMINOTREE_NODE_STEP"
+    asked = _kernel_switch(variable) if variable in os.environ else None  # checked
     if asked == "triton" and not cuda:
         raise DominoTreeConfigError(
             "DOMINOTREE_NODE_STEP=triton runs the scorer's step as CUDA kernels; "
