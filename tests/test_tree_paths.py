@@ -16,7 +16,7 @@ from tree_attention_check import random_case
 
 from vllm_dominotree.config import attention_mode, path_splits
 from vllm_dominotree.engine import tree_attention_setup
-from vllm_dominotree.engine.cuda_attention import attend_paths, schedule_paths
+from vllm_dominotree.engine.cuda_attention import attend_paths, path_query_bound, schedule_paths
 from vllm_dominotree.engine.tree_paths import PathTables, slot_view, split_into_paths
 from vllm_dominotree.tree.ancestry import in_preorder, tree_bits
 
@@ -194,9 +194,22 @@ def test_the_schedule_is_computed_for_the_call_it_steers():
                          ("num_splits", "num_splits"), ("causal", "causal")]:  # fmt: skip
         assert asked[theirs] == called[ours], theirs
     q, k = called["q"], called["k"]
+    # 17 rows told as 16 (a group of 4: FA3's one-warpgroup kernel, path_query_bound)
+    assert (q.shape[1] // k.shape[2], called["max_seqlen_q"]) == (4, 16)
     assert (asked["num_heads_q"], asked["headdim"]) == (q.shape[1], q.shape[2])
     assert (asked["num_heads_kv"], asked["page_size"]) == (k.shape[2], k.shape[1])
     assert asked["qkv_dtype"] == k.dtype
+
+
+def test_fa3_is_told_few_enough_rows_for_its_one_warpgroup_kernel():
+    """FA3 takes 64-row query tiles when max_seqlen_q x group <= 64: the bound told for
+    17-row trees by group (Qwen3's 4, SmolLM2's 3, 8, one beyond 64), and FA2 (whose
+    grid counts max_seqlen_q's tiles) told the tree's rows."""
+    bounds = [
+        path_query_bound(17, heads, kv, 3) for heads, kv in [(32, 8), (9, 3), (64, 8), (128, 1)]
+    ]
+    assert bounds == [16, 17, 8, 1]
+    assert path_query_bound(17, 32, 8, 2) == 17
 
 
 def test_one_schedule_per_forward():

@@ -26,17 +26,18 @@ def random_case(
     max_context=1100,
     max_rows=17,
     contexts: list[int] | None = None,
+    chains: bool = False,
 ):
     """Per request a committed prefix of random length (or of the lengths `contexts`)
-    and a random tree of up to max_rows rows right after it (the first request is a
-    plain decode row); the requests' pages are scattered over the cache. Returns the
-    kernel's arguments."""
+    and a random tree of up to max_rows rows right after it (chains: a chain of
+    max_rows rows; the first request is a plain decode row either way); the requests'
+    pages are scattered over the cache. Returns the kernel's arguments."""
     gen = torch.Generator().manual_seed(seed)
 
     def ints(high, low=0):
         return int(torch.randint(low, high, (1,), generator=gen))
 
-    rows = [1] + [ints(max_rows + 1, 1) for _ in range(requests - 1)]
+    rows = [1] + [max_rows if chains else ints(max_rows + 1, 1) for _ in range(requests - 1)]
     contexts = contexts or [ints(max_context) for _ in rows]
     seq_lens = [c + n for c, n in zip(contexts, rows, strict=True)]
     max_blocks = max((s + page - 1) // page for s in seq_lens)
@@ -52,7 +53,7 @@ def random_case(
     needs_fix = torch.zeros(num_tokens, dtype=torch.int64)
     for r, n in enumerate(rows):
         # numbered as a verification step numbers its trees (depth-first preorder)
-        parents = torch.tensor([[-1] + [ints(i) for i in range(1, n)]])
+        parents = torch.tensor([[-1] + [i - 1 if chains else ints(i) for i in range(1, n)]])
         parents = in_preorder(parents, parents, parents)[1]
         bits, _, fix = tree_bits(parents)
         span = slice(int(query_start[r]), int(query_start[r + 1]))

@@ -77,6 +77,33 @@ def test_one_pass_rows_in_place_match_the_reference(seed):
     print(f"seed {seed}: {100 * differ:.3f}% of the fixed rows' elements differ")
 
 
+@pytest.mark.parametrize("shape", [(32, 8, 128), (64, 8, 128)])  # groups of 4 and 8
+def test_paths_longer_than_fa3s_one_warpgroup_tile_keep_every_row(shape, monkeypatch):
+    """FA3 is told at most 64 / group rows a path request (path_query_bound) so that it
+    takes its one-warpgroup kernel of 64-row tiles; a chain of 17 rows packs 68 (136)
+    query rows, two (three) such tiles, which FA3's prepared scheduler counts from
+    cu_seqlens_q. Every row equals the dense reference, and bit for bit the rows of the
+    two-warpgroup kernel that FA3 takes when told the tree's 17 rows."""
+    from vllm_dominotree.engine import cuda_attention
+
+    heads, kv_heads, head_dim = shape
+    group = heads // kv_heads
+    assert cuda_attention.path_query_bound(17, heads, kv_heads, 3) * group <= 64
+    args = random_case(
+        "cuda", torch.bfloat16, 3, heads=heads, kv_heads=kv_heads, head_dim=head_dim, chains=True
+    )
+    every = torch.ones_like(args[-1])
+    want = torch.zeros(args[0].shape, device="cuda")
+    tree_attention_reference(args[0].float(), *args[1:-1], every, head_dim**-0.5, want)
+    for splits in (0, 32):
+        one_warpgroup = paths_output(args, False, num_splits=splits, every_row=True)
+        assert (one_warpgroup.float() - want).abs().max() < 3e-2, splits
+        with monkeypatch.context() as patched:
+            patched.setattr(cuda_attention, "FA3_ONE_WARPGROUP_ROWS", 17 * group)
+            two_warpgroups = paths_output(args, False, num_splits=splits, every_row=True)
+        assert torch.equal(one_warpgroup, two_warpgroups), splits
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_tables_built_on_the_gpu_wait_for_nothing_and_give_the_hosts_rows(seed):
     """The runner builds each step's path requests on the device (PathTables.build) so

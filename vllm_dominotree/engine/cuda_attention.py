@@ -45,6 +45,16 @@ from .tree_step import installed
 
 _KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addresses stay
 
+# FA3 on Hopper runs one MMA warpgroup on 64-row query tiles when max_seqlen_q x query
+# heads per KV head <= 64 (hopper/heuristics.h, use_one_mma_wg; head dim 64 or 128), else
+# two warpgroups on 128-row tiles. A path request holds a few rows (1 or 2 in a star),
+# so told the tree's 17 rows FA3 takes the 128-row tiles, mostly padding, one per path
+# and KV head. Its varlen scheduler on Hopper is always "prepared"
+# (flash_prepare_scheduler.cu): it counts each request's row tiles from cu_seqlens_q, so
+# a path longer than the bound still gets every row (in two tiles); a row's arithmetic
+# is the same in either kernel (the warpgroup that holds it, 128-key blocks).
+FA3_ONE_WARPGROUP_ROWS = 64
+
 
 class TreeFixupMixin:
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
@@ -210,7 +220,9 @@ def attend_paths(
         v=slot_view(value_cache),
         out=path_out,
         cu_seqlens_q=tables.query_start[: paths + 1],
-        max_seqlen_q=max_query_len,
+        max_seqlen_q=path_query_bound(
+            max_query_len, query.shape[1], key_cache.shape[2], fa_version
+        ),
         seqused_k=tables.seq_used[:paths],
         max_seqlen_k=max_seqlen_k,
         softmax_scale=scale,
@@ -227,6 +239,15 @@ def attend_paths(
     to_query = tables.row_to_query[:num_tokens]
     owned = tables.row_owned[:num_tokens, None, None]
     torch.where(owned, path_out[to_query], rows, out=rows)
+
+
+def path_query_bound(rows_per_tree: int, num_heads: int, num_kv_heads: int, fa_version: int) -> int:
+    """The max_seqlen_q FA3 is told for the path requests: the tree's rows, or fewer so
+    that FA3 (version 3) takes its one-warpgroup kernel (FA3_ONE_WARPGROUP_ROWS)."""
+    if fa_version != 3:
+        return rows_per_tree
+    group = num_heads // num_kv_heads
+    return max(1, min(rows_per_tree, FA3_ONE_WARPGROUP_ROWS // group))
 
 
 def path_batch_size(tables: PathTables, num_tokens: int) -> int:
@@ -258,7 +279,7 @@ def schedule_paths(
     paths = path_batch_size(tables, num_tokens)
     return scheduler(
         batch_size=paths,
-        max_seqlen_q=max_query_len,
+        max_seqlen_q=path_query_bound(max_query_len, num_heads, key_cache.shape[2], 3),
         max_seqlen_k=max_seqlen_k,
         num_heads_q=num_heads,
         num_heads_kv=key_cache.shape[2],
