@@ -170,6 +170,7 @@ def check_build_equals_publish(
     publish_case(host, case, every_row=every_row)
     built = built_path_tables(case, PathTables(tokens, tokens, max_len, "cpu"), every_row)
     assert_same_tables(built, host)
+    assert built.query_bound >= host.query_bound  # the trees' rows bound the queries
     assert bool(built.row_owned[:tokens].all()) == every_row  # the first request: a root
     if every_row:
         assert built.query_rows[:tokens].tolist() == list(range(tokens))

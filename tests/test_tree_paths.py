@@ -162,6 +162,31 @@ def test_a_smaller_step_after_a_larger_one():
     assert (attend_case(tables, small) - reference(small)).abs().max() < 1e-5
 
 
+def test_a_mixed_steps_prefill_rows_are_not_fa3s_queries():
+    """Outside a graph FA3 keeps float32 partials for each of its queries per split, and
+    a mixed step holds thousands of prefill rows beside the trees (on an H100 a batch of
+    16 requests of 2048-token prompts asked for 3.47 GiB): FA3 gets the trees' rows at
+    most (the tables' host bound), and the rows after them are left alone."""
+    case = random_case("cpu", torch.float32, 4, requests=5, max_context=90)
+    tokens = case[0].shape[0]
+    tables = PathTables(max_paths=64, max_tokens=tokens + 600, max_len=2048, device="cpu")
+    publish_case(tables, case)
+    assert 0 < tables.query_bound == int(case[-1].sum()) < tokens
+    prefill = torch.randn(600, *case[0].shape[1:])
+    mixed = (torch.cat([case[0], prefill]), *case[1:])
+    called = {}
+
+    def varlen(**kwargs):
+        called.update(kwargs)
+        return fa3_stand_in(**kwargs)
+
+    got = torch.full_like(mixed[0], 7.0)
+    attend_paths(*mixed[:3], tables, 64**-0.5, 17, int(case[5].max()), got, varlen=varlen)
+    assert called["q"].shape[0] == tables.query_bound
+    assert (got[:tokens] - reference(case)).abs().max() < 1e-5
+    assert (got[tokens:] == 7.0).all()
+
+
 def test_the_schedule_is_computed_for_the_call_it_steers():
     """schedule_paths asks FA3's scheduler about the very call attend_paths makes (batch,
     key counts, query starts, bounds, split count, heads, one-slot pages): FA3 trusts a

@@ -82,8 +82,10 @@ def test_paths_longer_than_fa3s_one_warpgroup_tile_keep_every_row(shape, monkeyp
     """FA3 is told at most 64 / group rows a path request (path_query_bound) so that it
     takes its one-warpgroup kernel of 64-row tiles; a chain of 17 rows packs 68 (136)
     query rows, two (three) such tiles, which FA3's prepared scheduler counts from
-    cu_seqlens_q. Every row equals the dense reference, and bit for bit the rows of the
-    two-warpgroup kernel that FA3 takes when told the tree's 17 rows."""
+    cu_seqlens_q. Every row equals the dense reference; unsplit, bit for bit the rows of
+    the two-warpgroup kernel that FA3 takes when told the tree's 17 rows. Split (vLLM's
+    bound of 32), they may differ: FA3 sizes each request's split from the step's row
+    tiles x key blocks, which the chains' second tiles raise (H100, 2026-12-06d)."""
     from vllm_dominotree.engine import cuda_attention
 
     heads, kv_heads, head_dim = shape
@@ -95,13 +97,15 @@ def test_paths_longer_than_fa3s_one_warpgroup_tile_keep_every_row(shape, monkeyp
     every = torch.ones_like(args[-1])
     want = torch.zeros(args[0].shape, device="cuda")
     tree_attention_reference(args[0].float(), *args[1:-1], every, head_dim**-0.5, want)
-    for splits in (0, 32):
+    for splits in (1, 0, 32):
         one_warpgroup = paths_output(args, False, num_splits=splits, every_row=True)
         assert (one_warpgroup.float() - want).abs().max() < 3e-2, splits
         with monkeypatch.context() as patched:
             patched.setattr(cuda_attention, "FA3_ONE_WARPGROUP_ROWS", 17 * group)
             two_warpgroups = paths_output(args, False, num_splits=splits, every_row=True)
-        assert torch.equal(one_warpgroup, two_warpgroups), splits
+        differ = (one_warpgroup != two_warpgroups).float().mean().item()
+        print(f"{shape} splits {splits}: {100 * differ:.3f}% of elements differ")
+        assert splits != 1 or differ == 0
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -51,8 +51,10 @@ _KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addr
 # so told the tree's 17 rows FA3 takes the 128-row tiles, mostly padding, one per path
 # and KV head. Its varlen scheduler on Hopper is always "prepared"
 # (flash_prepare_scheduler.cu): it counts each request's row tiles from cu_seqlens_q, so
-# a path longer than the bound still gets every row (in two tiles); a row's arithmetic
-# is the same in either kernel (the warpgroup that holds it, 128-key blocks).
+# a path longer than the bound still gets every row (in two tiles). Unsplit, a row's
+# arithmetic is the same in either kernel (the warpgroup that holds it, 128-key blocks);
+# FA3 sizes a request's key split from the step's row tiles x key blocks, so a step with
+# paths of more than 64 / group rows (a chain of 17) may split differently.
 FA3_ONE_WARPGROUP_ROWS = 64
 
 
@@ -211,7 +213,15 @@ def attend_paths(
     if every_row:
         path_query, path_out = query, rows
     else:
-        path_query = query[tables.query_rows[:num_tokens]]  # [T, H, D]: owned rows first
+        # FA3 keeps float32 partials of [splits, heads, its queries, D], and outside a
+        # graph its split heuristic for a varlen batch assumes one long sequence (16 or
+        # more splits at 2k keys): given a mixed step's thousands of prefill rows as
+        # queries it asked for 3.47 GiB (H100, 2026-12-06d). So outside a capture it gets
+        # the trees' rows at most (the owned rows come first); a captured graph (a
+        # uniform step of trees) keeps its every row.
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        queries = num_tokens if capturing else min(num_tokens, tables.query_bound)
+        path_query = query[tables.query_rows[:queries]]  # [Q, H, D]: owned rows first
         path_out = torch.empty_like(path_query)
     paths = path_batch_size(tables, num_tokens)
     varlen(

@@ -106,6 +106,9 @@ class PathTables:
         self.row_to_query = table(max_tokens, dtype=torch.long)
         # build's scratch: each tree's path requests and queries.
         self._counts = table(2 * max_tokens, dtype=torch.int32)
+        # A bound, known on the host, on the queries of the current filling: its trees'
+        # rows (build) or its queries (publish).
+        self.query_bound = 0
         # FA3's scheduler metadata of the path requests, and what it was computed for: a
         # forward, whether it was captured, and the tables' filling (`clear` counts them).
         self._schedule: torch.Tensor | None = None
@@ -134,6 +137,7 @@ class PathTables:
         (cuda_attention.attend_paths), so an earlier, larger step's entries would index
         past a smaller step's rows."""
         self._fillings += 1
+        self.query_bound = 0
         self.seq_used.zero_()
         self.query_start.zero_()
         self.row_owned.zero_()
@@ -185,6 +189,7 @@ class PathTables:
         self.query_start[: v + 1] = on(starts, torch.int32)
         self.query_start[v + 1 :] = int(starts[-1])
         q = len(query_rows)
+        self.query_bound = q
         rows = on(query_rows)
         self.query_rows[:q] = rows
         self.row_owned[rows] = True
@@ -216,6 +221,7 @@ class PathTables:
         self.clear()
         if not trees.shape[1] or not num_paths:
             return
+        self.query_bound = trees.shape[1] * rows_per_tree
         if num_paths > self.max_paths or num_keys > self.max_len:
             raise RuntimeError(
                 f"dominotree: {num_paths} path requests of up to {num_keys} keys over the "
