@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -10,7 +11,7 @@ import tree_helpers
 from tree_helpers import node_path, random_domino_checkpoint
 
 from vllm_dominotree.drafter import Drafter
-from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
+from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer, scorers
 from vllm_dominotree.tree.ancestry import TOKEN
 from vllm_dominotree.tree.scorers import REDUCTION_CHUNK, best_and_log_normalizer, top_by_rank
 
@@ -160,17 +161,20 @@ def test_conditional_tree_equals_definition(head, candidates, prefix_len):
 @pytest.fixture(scope="module")
 def wide_head(tmp_path_factory):
     """A Domino head over more tokens than two reduction chunks hold (the chain's
-    argmax in two stages, the last chunk padded)."""
+    argmax in two stages as on CUDA, the last chunk padded)."""
     vocab = 2 * REDUCTION_CHUNK + 37
     return Drafter.load(random_domino_checkpoint(tmp_path_factory.mktemp("wide"), vocab, K)).head
 
 
 @pytest.mark.parametrize("heads", ["head", "wide_head"])
-def test_chain_equals_released_domino_decode(heads, request):
+def test_chain_equals_released_domino_decode(heads, request, monkeypatch):
     """The chain scorer must reproduce Domino's released single-path decoder: draft 0
     from the marginals, then argmax(L_base[i] + embed_proj([h_i ; S])) with the GRU over
-    [anchor, drafts...], over the whole vocabulary."""
+    [anchor, drafts...], over the whole vocabulary (the wide head's in CUDA's chunks)."""
     head = request.getfixturevalue(heads)
+    if heads == "wide_head":
+        chunked = functools.partial(scorers.best_and_log_normalizer, chunked=True)
+        monkeypatch.setattr(scorers, "best_and_log_normalizer", chunked)
     shape = TreeShape(budget=K, max_depth=K, max_children=1)
     vocab = head.proj_out.shape[0]
     hidden, base, embed, anchors = tree_helpers.random_step(head.hidden_size, vocab, K, 3, 11)

@@ -306,12 +306,12 @@ class ConditionalScorer:
         corrected = (depth >= self.prefix_len)[:, None]
         logits = self.base[req, depth].float() + corr * corrected  # [p, W]
         if count == 1 and self.width > RANKED_WIDTH:
-            # One child (the chain): an argmax and a log normalizer, which Inductor fuses
-            # into reductions, where a top-1 over the vocabulary is a radix selection of
-            # several kernels per step (0.7 ms of the chain's 6.2 ms round on the H200 at
-            # batch 1, 2026-12-04f). The first of tied maxima, as torch.max gives it.
-            best, index = logits.max(dim=-1, keepdim=True)
-            return best - torch.logsumexp(logits, dim=-1, keepdim=True), index
+            # One child (the chain): an argmax and a log normalizer, where a top-1 over
+            # the vocabulary is a radix selection of several kernels per step (0.7 ms of
+            # the chain's 6.2 ms round on the H200 at batch 1, 2026-12-04f); on CUDA in
+            # chunks (best_and_log_normalizer). The first of tied maxima, as torch.max.
+            best, index, log_z = best_and_log_normalizer(logits)
+            return (best - log_z)[:, None], index[:, None]
         logprobs = torch.log_softmax(logits, dim=-1)
         if self.width <= RANKED_WIDTH:
             if self.device.type == "cuda":
