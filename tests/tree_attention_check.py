@@ -129,10 +129,11 @@ def max_error(
     return error, untouched, int(fixed.sum())
 
 
-def path_tables(args, each_row: bool, every_row: bool = False):
+def path_tables(args, each_row: bool, every_row: bool = False, max_tokens: int = 0):
     """A random_case batch's path requests (engine/tree_paths.py) published into device
     tables. each_row: one request per fixed row (FA3's one-token decoding of its path);
-    every_row: requests that hold every row (one pass)."""
+    every_row: requests that hold every row (one pass); max_tokens: the forward rows the
+    tables hold, the batch's unless more (a forward with rows after the trees')."""
     from vllm_dominotree.engine.tree_paths import (
         PathTables,
         batch_path_specs,
@@ -141,7 +142,8 @@ def path_tables(args, each_row: bool, every_row: bool = False):
 
     query, key_cache, _, block_table, query_start, seq_lens, ancestors, needs_fix = args
     page = key_cache.shape[1]
-    tables = PathTables(query.shape[0], query.shape[0], block_table.shape[1] * page, query.device)
+    rows = max(max_tokens, query.shape[0])
+    tables = PathTables(query.shape[0], rows, block_table.shape[1] * page, query.device)
     tables.publish(
         batch_path_specs(query_start, seq_lens, ancestors, needs_fix, each_row, every_row),
         block_table,

@@ -108,6 +108,37 @@ def test_paths_longer_than_fa3s_one_warpgroup_tile_keep_every_row(shape, monkeyp
         assert splits != 1 or differ == 0
 
 
+def test_a_mixed_steps_prefill_rows_cost_fa3_no_split_partials():
+    """A mixed step outside any graph: 8000 prefill rows after the trees, 2k-token
+    prefixes, FA3's own split count (vLLM's num_splits 0 there). FA3 keeps float32
+    partials per query and split, and its heuristic, which assumes one long sequence in
+    a varlen batch, splits 2k keys ~16 ways: handed every row of the step it asked 3.47
+    GiB in an engine (H100, 2026-12-06d). The path pass hands it the trees' rows alone:
+    its peak memory stays under 64 MiB, the fixed rows match the dense reference, the
+    prefill rows are left alone."""
+    from vllm_dominotree.engine.cuda_attention import attend_paths
+
+    args = random_case(
+        "cuda", torch.bfloat16, 1, heads=32, kv_heads=8, head_dim=128, contexts=[2048] * 4
+    )
+    query, key_cache, value_cache = args[:3]
+    tokens, prefill = query.shape[0], 8000
+    mixed = torch.cat([query, torch.randn(prefill, *query.shape[1:], device="cuda").to(query)])
+    tables = path_tables(args, each_row=False, max_tokens=tokens + prefill)
+    got = torch.full_like(mixed, 7.0)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    attend_paths(mixed, key_cache, value_cache, tables, 128**-0.5, 17, 2048 + 17, got)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before < 64 * 2**20
+    want = torch.zeros(query.shape, device="cuda")
+    tree_attention_reference(query.float(), *args[1:], 128**-0.5, want)
+    fixed = args[-1].bool()
+    assert (got[:tokens][fixed].float() - want[fixed]).abs().max() < 3e-2
+    assert (got[:tokens][~fixed] == 7.0).all() and (got[tokens:] == 7.0).all()
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_tables_built_on_the_gpu_wait_for_nothing_and_give_the_hosts_rows(seed):
     """The runner builds each step's path requests on the device (PathTables.build) so
