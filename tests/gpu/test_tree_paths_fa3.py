@@ -114,8 +114,9 @@ def test_a_mixed_steps_prefill_rows_cost_fa3_no_split_partials():
     partials per query and split, and its heuristic, which assumes one long sequence in
     a varlen batch, splits 2k keys ~16 ways: handed every row of the step it asked 3.47
     GiB in an engine (H100, 2026-12-06d). The path pass hands it the trees' rows alone:
-    its peak memory stays under 64 MiB, the fixed rows match the dense reference, the
-    prefill rows are left alone."""
+    its peak memory stays under 256 MiB (the write-back's gather of every row, 66 MB
+    here, included; every row as FA3's queries would take ~2 GiB of partials), the
+    fixed rows match the dense reference, the prefill rows are left alone."""
     from vllm_dominotree.engine.cuda_attention import attend_paths
 
     args = random_case(
@@ -131,7 +132,7 @@ def test_a_mixed_steps_prefill_rows_cost_fa3_no_split_partials():
     torch.cuda.reset_peak_memory_stats()
     attend_paths(mixed, key_cache, value_cache, tables, 128**-0.5, 17, 2048 + 17, got)
     torch.cuda.synchronize()
-    assert torch.cuda.max_memory_allocated() - before < 64 * 2**20
+    assert torch.cuda.max_memory_allocated() - before < 256 * 2**20
     want = torch.zeros(query.shape, device="cuda")
     tree_attention_reference(query.float(), *args[1:], 128**-0.5, want)
     fixed = args[-1].bool()
