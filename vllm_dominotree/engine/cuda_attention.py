@@ -40,7 +40,7 @@ from ..kernels.tree_attention import TreeAttention
 from ..kernels.tree_merge import merge_tree_part
 from .attention_check import CHECK
 from .backend_support import TREE_LACKS, check_supported
-from .tree_paths import PathTables, slot_view
+from .tree_paths import PathTables, slot_view, stream_capturing
 from .tree_step import installed
 
 _KERNELS: dict[tuple, TreeAttention] = {}  # one per geometry: its buffers' addresses stay
@@ -219,8 +219,7 @@ def attend_paths(
         # queries it asked for 3.47 GiB (H100, 2026-12-06d). So outside a capture it gets
         # the trees' rows at most (the owned rows come first); a captured graph (a
         # uniform step of trees) keeps its every row.
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-        queries = num_tokens if capturing else min(num_tokens, tables.query_bound)
+        queries = num_tokens if stream_capturing() else min(num_tokens, tables.query_bound)
         path_query = query[tables.query_rows[:queries]]  # [Q, H, D]: owned rows first
         path_out = torch.empty_like(path_query)
     paths = path_batch_size(tables, num_tokens)

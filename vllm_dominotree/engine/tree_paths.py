@@ -76,6 +76,11 @@ class PathSpec:
     owned: int  # the last `owned` rows of [root, *path] are this request's queries
 
 
+def stream_capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (False without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class PathTables:
     """Device tables of a step's path requests, allocated once (addresses stay)."""
 
@@ -124,7 +129,7 @@ class PathTables:
         layer's computation is captured with the rest and replayed every step; a forward
         that is captured never reuses what an eager one computed, nor the reverse, and
         none reuses a schedule of tables filled since."""
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        capturing = stream_capturing()
         held = self._schedule_for
         if held is None or held[0] is not forward or held[1:] != (capturing, self._fillings):
             self._schedule = compute()
