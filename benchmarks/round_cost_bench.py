@@ -21,8 +21,9 @@ Triton launches (CUDA's default since 2026-12-06c) / as compiled torch code
 the Triton launch that is CUDA's default (DOMINOTREE_ACCEPT_KERNEL), e.g.
 `conditional-sync` or `conditional-one-pass-splits1`; and,
 last, `-vocabS` drafting from a draft vocabulary of S tokens (option draft_vocab; the
-first S of a random ranking written beside the random drafter), e.g.
-`conditional-v2-vocab32768`.
+first S of a random ranking written beside the random drafter) and `-mM` correcting M
+candidates per depth (option candidates; 151936 for Qwen3's whole vocabulary: the
+chain's released decoder), e.g. `conditional-v2-vocab32768` or `chain-v2-m151936`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
@@ -148,11 +149,17 @@ def counts_per_step(trace: dict, steps: int) -> dict:
 
 def check_variant_ran(method: str, environment: dict[str, str], stats: dict) -> None:
     """A variant that did not take effect in the engine must not pass as measured."""
-    draft_vocab = split_draft_vocab(method)[1]
+    options = split_options(method)[1]
+    draft_vocab = options.get("draft_vocab", 0)
     if stats.get("draft_vocab", 0) != draft_vocab:
         raise RuntimeError(
             f"{method}: the engine drafted from {stats.get('draft_vocab')} tokens, not "
             f"the {draft_vocab} asked for"
+        )
+    if "candidates" in options and stats.get("candidates") != options["candidates"]:
+        raise RuntimeError(
+            f"{method}: the engine corrected {stats.get('candidates')} candidates per "
+            f"depth, not the {options['candidates']} asked for"
         )
     for variable, stat in VARIANT_STATS.items():
         asked = environment.get(variable)
@@ -179,13 +186,19 @@ def tree_fields(method: str, environment: dict[str, str], stats: dict) -> dict:
 
 def split_variants(method: str) -> tuple[str, dict, dict]:
     """'conditional-sync-vllm-draft' -> ('conditional', engine arguments, environment)."""
-    return split_suffixes(split_draft_vocab(method)[0], VARIANTS)
+    return split_suffixes(split_options(method)[0], VARIANTS)
 
 
-def split_draft_vocab(method: str) -> tuple[str, int]:
-    """'conditional-v2-vocab32768' -> ('conditional-v2', 32768); 0: the whole vocabulary."""
-    match = re.fullmatch(r"(.+)-vocab(\d+)", method)
-    return (match[1], int(match[2])) if match else (method, 0)
+# A method's last suffixes, in any order -> the speculative config's option they set.
+OPTION_SUFFIXES = {"vocab": "draft_vocab", "m": "candidates"}
+
+
+def split_options(method: str) -> tuple[str, dict[str, int]]:
+    """'chain-v2-vocab32768-m64' -> ('chain-v2', {'draft_vocab': 32768, 'candidates': 64})."""
+    options = {}
+    while match := re.fullmatch(r"(.+)-(vocab|m)(\d+)", method):
+        method, options = match[1], {OPTION_SUFFIXES[match[2]]: int(match[3]), **options}
+    return method, options
 
 
 # Overall accept lengths of the paper's table (Qwen3-4B, T = 0): the method whose round
@@ -262,8 +275,11 @@ def write_random_ranking(drafter_dir: Path, vocab: int) -> None:
         )
 
 
-def speculative_config(method: str, dirs: dict[str, str], draft_vocab: int = 0) -> dict | None:
-    """The engine's speculative config for a method without its variants' suffixes."""
+def speculative_config(
+    method: str, dirs: dict[str, str], options: dict | None = None
+) -> dict | None:
+    """The engine's speculative config for a method without its variants' suffixes, with
+    the options of its last suffixes (split_options)."""
     if method == "ar":
         return None
     if method in ("dflash", "dflash-v1"):
@@ -274,8 +290,7 @@ def speculative_config(method: str, dirs: dict[str, str], draft_vocab: int = 0) 
         }
     # Budget 16 on every device (the CPU's default is smaller): the paper's tree.
     config = {"method": "dominotree", "model": dirs["domino"], "budget": 16}
-    if draft_vocab:
-        config["draft_vocab"] = draft_vocab
+    config |= options or {}
     if method.endswith(V2):  # vLLM's V2 runner (CUDA: it needs Triton)
         return config | {"scorer": method.removesuffix(V2), "model_runner": "v2"}
     return config | {"scorer": method}
@@ -344,7 +359,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         max_model_len=max(1024, args.prompt_tokens + args.tokens + 128),
         max_num_seqs=max(args.batches),
         disable_log_stats=False,
-        speculative_config=speculative_config(base, dirs, split_draft_vocab(method)[1]),
+        speculative_config=speculative_config(base, dirs, split_options(method)[1]),
         enforce_eager=args.enforce_eager,
         # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
         kernel_config={"enable_jit_warmup": False},

@@ -166,35 +166,45 @@ def wide_head(tmp_path_factory):
     return Drafter.load(random_domino_checkpoint(tmp_path_factory.mktemp("wide"), vocab, K)).head
 
 
-@pytest.mark.parametrize("heads", ["head", "wide_head"])
-def test_chain_equals_released_domino_decode(heads, request, monkeypatch):
-    """The chain scorer must reproduce Domino's released single-path decoder: draft 0
-    from the marginals, then argmax(L_base[i] + embed_proj([h_i ; S])) with the GRU over
-    [anchor, drafts...], over the whole vocabulary (the wide head's in CUDA's chunks)."""
+@pytest.mark.parametrize(
+    "heads, candidates", [("head", None), ("wide_head", None), ("head", 4), ("wide_head", 8)]
+)
+def test_chain_equals_domino_decode(heads, candidates, request, monkeypatch):
+    """The chain scorer must reproduce Domino's single-path decoder: draft 0 from the
+    marginals, then argmax(L_base[i] + embed_proj([h_i ; S])) with the GRU over
+    [anchor, drafts...], taken over the marginal top-M candidates of each depth (M =
+    candidates, as a tree's children) or, with candidates None (the vocabulary), over
+    every token as the released decoder does (the wide head's in CUDA's chunks)."""
     head = request.getfixturevalue(heads)
     if heads == "wide_head":
         chunked = functools.partial(scorers.best_and_log_normalizer, chunked=True)
         monkeypatch.setattr(scorers, "best_and_log_normalizer", chunked)
     shape = TreeShape(budget=K, max_depth=K, max_children=1)
     vocab = head.proj_out.shape[0]
+    m = candidates or vocab
     hidden, base, embed, anchors = tree_helpers.random_step(head.hidden_size, vocab, K, 3, 11)
-    # Make the restriction matter: a candidate width that would miss tokens.
     scorer = make_scorer(
-        "chain", head, embed, shape=shape, candidates=4, prefix_len=1, max_requests=3
+        "chain", head, embed, shape=shape, candidates=m, prefix_len=1, max_requests=3
     )
     scorer.prepare(hidden, base)
     trees = build_trees(scorer, anchors, shape)
     # The engine's unrolled chain (one host copy at the end) builds the very same trees.
     assert as_tuples(device_trees(scorer, shape, anchors, chain=True)) == as_tuples(trees)
+    outside_top_m = 0  # drafts whose token the whole vocabulary's argmax would not pick
     for r, tree in enumerate(trees):
         drafts = [int(base[r, 0].argmax())]
         state = head.gru_step(embed[drafts[0]][None], head.initial_state(embed[anchors[r]][None]))
         for i in range(1, K):
             logits = base[r, i] + head.correction(hidden[r, i][None], state)[0]
-            drafts.append(int(logits.argmax()))
+            top_m = base[r, i].topk(m).indices
+            drafts.append(int(top_m[logits[top_m].argmax()]))
+            outside_top_m += drafts[-1] != int(logits.argmax())
             state = head.gru_step(embed[drafts[-1]][None], state)
         assert tree.parents == list(range(-1, K))
         assert tree.tokens[1:] == drafts
+    # The restricted cases must differ from the whole vocabulary somewhere, or they would
+    # not tell a restricted chain from an unrestricted one.
+    assert (outside_top_m > 0) == (candidates is not None)
 
 
 def test_marginal_chain_is_the_marginal_argmax(head):

@@ -19,6 +19,7 @@ from round_cost_bench import (  # noqa: E402
     STEP_COUNTS,
     check_variant_ran,
     gathered_rows,
+    split_options,
     split_variants,
     tree_fields,
     trees_cell,
@@ -171,6 +172,15 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
         check_variant_ran("conditional-v2-vocab32768", {}, {"draft_vocab": 0})
     with pytest.raises(RuntimeError, match="drafted from 8192 tokens, not the 0"):
         check_variant_ran("conditional", {}, {"draft_vocab": 8192})
+    # So are the candidates per depth (`-mM`), in either order with the vocabulary.
+    assert split_options("chain-v2-m151936") == ("chain-v2", {"candidates": 151936})
+    assert split_options("conditional-v2-triton-m32-vocab32768") == (
+        "conditional-v2-triton",
+        {"candidates": 32, "draft_vocab": 32768},
+    )
+    check_variant_ran("chain-v2-m151936", {}, {"candidates": 151936})
+    with pytest.raises(RuntimeError, match="corrected 64 candidates per depth, not the 151936"):
+        check_variant_ran("chain-v2-m151936", {}, {"candidates": 64})
 
 
 def test_a_rows_trees_come_from_the_engines_report():

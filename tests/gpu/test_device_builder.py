@@ -48,7 +48,8 @@ CASES = [
     ("conditional", 32, 128, True, False),
     ("conditional", 64, 32, False, True),
     ("marginal", 16, 64, False, False),
-    ("chain", K, VOCAB, False, False),
+    ("chain", K, VOCAB, False, False),  # the released decoder
+    ("chain", K, 64, False, False),  # the chain on the top-M candidates (the default)
 ]
 
 

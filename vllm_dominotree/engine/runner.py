@@ -37,7 +37,7 @@ from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
 from ..patches.worker_classes import runner_builds_every_logitsproc, runner_builds_proposer
 from ..stage_clock import StageClock
-from ..tree.scorers import draft_vocab_size
+from ..tree.scorers import corrected_candidates, draft_vocab_size
 from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
 from .acceptance import Accepted, accepted_logprobs
@@ -132,6 +132,7 @@ class DominoTreeRunnerMixin:
         self._stats.scorer_step = self.drafter.scorer.step
         self._stats.accept_kernel = accept_kernel(cuda)
         self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
+        self._stats.candidates = corrected_candidates(self.drafter.scorer)
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
         elif cuda:

@@ -64,6 +64,9 @@ class DominoTreeStats:
     # Tokens the drafter's logits cover (its draft vocabulary, drafter/draft_vocab.py);
     # 0: the whole vocabulary.
     draft_vocab: int = 0
+    # Candidates per depth the conditional scorer or Domino's chain corrects: M (config
+    # `candidates`), or the logits' width without a restriction; 0: the marginal scorer.
+    candidates: int = 0
     # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
     path_splits: str = ""
     # "fixup": how its rows round (cuda_attention.fixup_rounding): "fa3", "triton", "fast".

@@ -10,8 +10,8 @@ of that and changes three things:
   block_size - 1 masks), as in the V1 proposer (proposer.py);
 - `_generate_draft` (the function the drafter's graph records) prepares the scorer from
   the block's rows and their marginal logits, then drafts from each request's bonus
-  token: Domino's chain (the released decoder: GRU over the drafted tokens, corrected
-  argmax; a plain DFlash checkpoint's marginal argmax), or a best-first tree per request
+  token: Domino's chain (GRU over the drafted tokens, corrected argmax over the top-M
+  candidates; a plain DFlash checkpoint's marginal argmax), or a best-first tree per request
   (on CUDA the device builder, recorded in DFlash's FULL graph with the draft; on CPU the
   host heap), whose nodes' tokens in topological order are the drafts;
 - `propose` first lets the runner commit the last step's accepted paths (`commit`,
