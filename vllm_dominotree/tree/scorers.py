@@ -240,7 +240,6 @@ class ConditionalScorer:
         if self.restricted:
             self.cand = torch.zeros(r, k, m, device=device, dtype=torch.long)
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
-        self._chain = compiled(self._chain_rows, device)
         # The per-node step: the torch step below, compiled on CUDA, or with `kernels`
         # two Triton launches (config.node_step says which an engine runs and why;
         # builder_bench.py --steps measures both). `step` names it in the engine's stats.
@@ -339,24 +338,25 @@ class ConditionalScorer:
     @torch.no_grad()
     def chain(self, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Domino's chain decoder for every request at once, as plain unrolled steps on
-        the device: the same arithmetic as `children` on a one-child path (over the top-M
-        candidates; without a restriction, the released decoder).
-        anchors: [p] -> drafts [p, K] and their log-probs [p, K] float64."""
-        return self._chain(anchors)
+        the device (over the top-M candidates; without a restriction, the released
+        decoder). anchors: [p] -> drafts [p, K] and their log-probs [p, K] float64.
 
-    def _chain_rows(self, anchors):
+        Each step is the very `children` call the host heap makes for the path's node
+        (node d at depth d, its parent d - 1, the root's the zero slot), so both build
+        the same chain bit for bit: compiled as one graph, the unrolled steps let
+        Inductor fuse the top-M correction's product and sum otherwise than in the
+        per-node step, and the log-probs came out a float32 rounding apart (H100,
+        2026-12-06e, 8 requests)."""
         p = anchors.shape[0]
         req = torch.arange(p, device=anchors.device)
-        state = self.head.gru_step(self._embed(anchors), self.states[:p, self.zero_slot])
+        token, parent = anchors, torch.full_like(req, self.zero_slot)
         tokens, logprobs = [], []
         for d in range(self.hid_part.shape[1]):
-            depth = torch.full_like(req, d)
-            value, index = self._top_children(state, req, depth, 1)
-            index = index[:, 0]
-            token = self.cand[req, depth, index] if self.restricted else self._token_ids(index)
+            node = torch.full_like(req, d)  # on a path, a node's index is its depth
+            values, children = self.children(req, node, parent, token, node)
+            token, parent = children[:, 0], node
             tokens.append(token)
-            logprobs.append(value[:, 0].double())
-            state = self.head.gru_step(self._embed(token), state)
+            logprobs.append(values[:, 0])
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
