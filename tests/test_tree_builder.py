@@ -188,8 +188,14 @@ def test_chain_equals_domino_decode(heads, candidates, request, monkeypatch):
     )
     scorer.prepare(hidden, base)
     trees = build_trees(scorer, anchors, shape)
-    # The engine's unrolled chain (one host copy at the end) builds the very same trees.
+    # The engine's unrolled chain (one host copy at the end) builds the very same trees,
+    # one per-node step per draft, as the heap does: the same compiled step on CUDA,
+    # where a chain compiled as one graph rounded its scores apart (H100, 2026-12-06e).
+    steps = []
+    node_step = scorer._children
+    monkeypatch.setattr(scorer, "_children", lambda *rows: steps.append(1) or node_step(*rows))
     assert as_tuples(device_trees(scorer, shape, anchors, chain=True)) == as_tuples(trees)
+    assert len(steps) == K
     outside_top_m = 0  # drafts whose token the whole vocabulary's argmax would not pick
     for r, tree in enumerate(trees):
         drafts = [int(base[r, 0].argmax())]
