@@ -165,13 +165,14 @@ $e::test_the_drafters_graph_drafts_what_vllms_pass_drafts"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[marginal] \
 $e::test_paths_attention_refused_without_fa3"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[chain] $e::test_greedy_eager"
-        "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_chain_on_the_v2_runner_equals_no_speculation"
+        "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_chain_on_the_v2_runner_equals_no_speculation[64]"
         "tests $e::test_trees_on_the_v2_runner_equal_no_speculation"
         "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-default] \
 $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-torch]"
         "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v2-default] \
 $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v2-torch]"
-        "tests $e::test_a_draft_vocabulary_on_cuda_equals_no_speculation"
+        "tests $e::test_a_draft_vocabulary_on_cuda_equals_no_speculation \
+$e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
         "tests $e::test_logprobs_under_full_graphs_equal_no_speculation"
         "tests $e::test_sampling_constraints_equal_no_speculation"
         "tests $e::test_sampled_requests_on_the_v2_runner_follow_the_target"

@@ -196,6 +196,37 @@ def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     assert all(t.num_nodes > 1 for t in host)
 
 
+def check_chain_equals_heap(seed: int, rows: int) -> None:
+    """Domino's chain on the Triton step (the device builder's unrolled chain) and the
+    host heap on a one-child shape: the same chain bit for bit; the torch step's chain
+    has its tokens and, within 1e-4, its log-probs. rows: requests (up to TABLE_ROWS: the
+    GRU's input products from the candidates' table)."""
+    gen = torch.Generator().manual_seed(500 + seed)
+    depth, vocab, hidden = 5, 40, 24
+    shape = TreeShape(budget=depth, max_depth=depth, max_children=1)
+    head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)
+    embed = torch.randn(vocab, hidden, generator=gen)
+    torch_step, triton_step = prepared_scorers(
+        head, embed, requests=rows, depth=depth, budget=depth, candidates=16, children=1,
+        seed=seed,
+    )  # fmt: skip
+    anchors = torch.randint(0, vocab, (rows,), generator=gen).tolist()
+    host = build_trees(triton_step, anchors, shape)
+    builder = DeviceTreeBuilder(
+        triton_step, shape, chain=True, max_requests=rows, device=torch.device("cpu")
+    )
+    chains = builder.build(torch.tensor(anchors))
+    fields = [(t.tokens, t.parents, t.depths, t.scores) for t in host]
+    assert fields == [(t.tokens, t.parents, t.depths, t.scores) for t in chains]
+    assert all(t.parents == list(range(-1, depth)) for t in chains)
+    reference = build_trees(torch_step, anchors, shape)
+    assert [t.tokens for t in reference] == [t.tokens for t in chains]
+    pairs = zip(reference, chains, strict=True)
+    error = max(abs(a - b) for r, c in pairs for a, b in zip(r.scores, c.scores, strict=True))
+    assert error < 1e-4, error
+    print(f"chain of {rows} rows: log-probs {error:.1e}")
+
+
 def check_draft_vocabulary_trees(seed: int) -> None:
     """With a draft vocabulary (24 of 40 tokens) the Triton step's trees, from the device
     builder and the host heap alike (bit for bit), are the torch step's (scores within

@@ -17,6 +17,7 @@ import torch
 from domino_step_checks import (
     check_launch_size_decides_the_table, check_step_matches_torch,
     check_table_gives_the_products, check_trees_equal_heap, check_draft_vocabulary_trees,
+    check_chain_equals_heap,
 )
 
 # (hidden, GRU, rank, vocabulary, candidates, rows): tiles cut at every edge (hidden not a
@@ -37,6 +38,9 @@ for seed in range(6):
 check_launch_size_decides_the_table()
 for seed in range(2):
     check_draft_vocabulary_trees(seed)
+# Domino's chain on the Triton step: from the table (1, 2 requests) and without (5)
+for seed, rows in enumerate([1, 2, 5]):
+    check_chain_equals_heap(seed, rows)
 print("ok")
 """
 
@@ -47,6 +51,7 @@ def test_triton_step_matches_torch_and_builds_the_heaps_trees():
     assert out.count("tabled rows") == 2
     assert "8 rows after a prepare of 1" in out
     assert out.count("draft vocabulary:") == 2
+    assert out.count("chain of") == 3
     # one shape each, three generations each
     assert out.count("GRU splits 8") == out.count("GRU splits 4") == 3
 

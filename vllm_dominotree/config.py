@@ -100,7 +100,8 @@ def _kernel_switch(variable: str, default: str = "torch") -> str:
 
 
 def node_step(scorer: str, candidates: int, width: int, cuda: bool) -> str:
-    """How the conditional scorer computes a node's children (tree/scorers.py), from the
+    """How Domino's correction computes a node's children (tree/scorers.py: the
+    conditional scorer's trees and Domino's chain, whose steps are the same calls), from the
     environment's DOMINOTREE_NODE_STEP: "triton" (two Triton launches per pop: the GRU,
     then u and the children with the builder's bookkeeping, kernels/domino_step.py and
     kernels/tree_pop.py) or "torch" (the torch step, compiled on CUDA). width: the
@@ -109,12 +110,14 @@ def node_step(scorer: str, candidates: int, width: int, cuda: bool) -> str:
     The Triton step corrects a top-M restriction, so it needs candidates below width and
     CUDA: asked for without them it is refused (at engine start); by default it is what
     CUDA runs wherever it applies, the torch step elsewhere (CPU, whole-vocabulary
-    candidates). Other scorers have no node step ("torch" here). Why the default: a
+    candidates). The marginal scorer has no node step ("torch" here). Why the default: a
     budget-16 build in 0.98 / 1.46 / 3.64 ms at batch 1 / 16 / 64 against the torch
     step's 1.31 / 1.75 / 3.48 (H100, one run, benchmarks/results/h100_2026-12-05e: slower
     at batch 64 only), a batch-1 round in vLLM (V2) of 5.40 ms against 5.56 (H200,
     benchmarks/results/h200_2026-12-05b), and greedy float32 output equal to no
-    speculation in the GPU engine tests on both runners (H100, 2026-12-06c)."""
+    speculation in the GPU engine tests on both runners (H100, 2026-12-06c). The chain
+    takes it too since 2026-12-06e: two launches a draft, where the compiled torch step
+    runs cuBLAS products and several Inductor kernels (not yet run or timed on a GPU)."""
     variable = "DOMINOTREE_NODE_STEP"
     asked = _kernel_switch(variable) if variable in os.environ else None  # checked
     if asked == "triton" and not cuda:
@@ -122,14 +125,15 @@ def node_step(scorer: str, candidates: int, width: int, cuda: bool) -> str:
             "DOMINOTREE_NODE_STEP=triton runs the scorer's step as CUDA kernels; "
             "unset it (or set it to torch) on CPU"
         )
-    restricted = scorer == "conditional" and candidates < width
-    if asked == "triton" and scorer == "conditional" and not restricted:
+    corrected = scorer in ("conditional", "chain")
+    restricted = corrected and candidates < width
+    if asked == "triton" and corrected and not restricted:
         raise DominoTreeConfigError(
             f"DOMINOTREE_NODE_STEP=triton corrects a top-M restriction of the drafter's "
             f"{width} logits, but candidates is {candidates}: set candidates below "
             f"{width}, or unset DOMINOTREE_NODE_STEP"
         )
-    if scorer != "conditional":
+    if not corrected:
         return "torch"
     if asked is not None:
         return asked

@@ -194,11 +194,13 @@ def test_accept_kernel_defaults_to_the_kernel_on_cuda_only(monkeypatch):
 
 
 def test_node_step_defaults_to_the_triton_step_where_it_applies(monkeypatch):
-    """CUDA runs the Triton node step wherever it can (the conditional scorer with a top-M
-    restriction), the torch step elsewhere; the variable overrides either way, within
-    what can run."""
+    """CUDA runs the Triton node step wherever it can (the conditional scorer's trees and
+    Domino's chain with a top-M restriction), the torch step elsewhere; the variable
+    overrides either way, within what can run."""
     monkeypatch.delenv("DOMINOTREE_NODE_STEP", raising=False)
     assert node_step("conditional", 64, 151936, cuda=True) == "triton"
+    assert node_step("chain", 64, 151936, cuda=True) == "triton"
+    assert node_step("chain", 151936, 151936, cuda=True) == "torch"  # the released decoder
     assert node_step("conditional", 64, 64, cuda=True) == "torch"  # the whole vocabulary
     assert node_step("conditional", 64, 151936, cuda=False) == "torch"
     assert node_step("marginal", 64, 151936, cuda=True) == "torch"
@@ -206,9 +208,10 @@ def test_node_step_defaults_to_the_triton_step_where_it_applies(monkeypatch):
     assert node_step("conditional", 64, 151936, cuda=True) == "torch"
     monkeypatch.setenv("DOMINOTREE_NODE_STEP", "triton")
     assert node_step("conditional", 16, 64, cuda=True) == "triton"
-    assert node_step("chain", 64, 64, cuda=True) == "torch"  # no node step to run
-    with pytest.raises(DominoTreeConfigError, match="candidates is 64: set candidates below"):
-        node_step("conditional", 64, 64, cuda=True)
+    assert node_step("marginal", 64, 64, cuda=True) == "torch"  # no node step to run
+    for scorer in ("conditional", "chain"):
+        with pytest.raises(DominoTreeConfigError, match="candidates is 64: set candidates below"):
+            node_step(scorer, 64, 64, cuda=True)
 
 
 @pytest.mark.parametrize("candidates", [64, 16])

@@ -38,5 +38,6 @@ def test_smollm2_pair_is_lossless_and_accepts_drafts(smollm2_dir):
     print("SmolLM2 pair in vLLM:", stats)
     # The CPU's default: the drafter drafts from its ranking's first CPU_DRAFT_VOCAB tokens.
     assert stats["draft_vocab"] == CPU_DRAFT_VOCAB
+    assert stats["candidates"] == 64  # the correction's top M (the default)
     assert stats["mean_accept_length"] > 1.5
     assert stats["sibling_accepts"] > 0  # the tree, not just its first path, pays off

@@ -49,7 +49,8 @@ CASES = [
     ("conditional", 64, 32, False, True),
     ("marginal", 16, 64, False, False),
     ("chain", K, VOCAB, False, False),  # the released decoder
-    ("chain", K, 64, False, False),  # the chain on the top-M candidates (the default)
+    ("chain", K, 64, False, False),  # the chain on the top-M candidates
+    ("chain", K, 64, False, True),  # the same on the Triton step (CUDA's default)
 ]
 
 

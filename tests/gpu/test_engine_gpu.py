@@ -199,19 +199,25 @@ def penalized_lead(target: Path, prompt: list[int], output: list[int], params) -
     return float(values[0] - values[1]), int(tokens[1])
 
 
-def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected):
+@pytest.mark.parametrize("candidates", [64, 16])
+def test_chain_on_the_v2_runner_equals_no_speculation(dirs, expected, candidates):
     """The chain on vLLM's V2 runner (model_runner "v2"): vLLM's DFlash speculator
-    drafting Domino's chain inside its FULL graph, vLLM's own verification."""
+    drafting Domino's chain inside its FULL graph, vLLM's own verification; over the toy
+    pair's whole vocabulary of 64 (the torch step) and over 16 candidates (the Triton
+    step, CUDA's default for a top-M restriction)."""
     config = {
         "method": "dominotree",
         "model": str(dirs[1]),
         "scorer": "chain",
+        "candidates": candidates,
         "model_runner": "v2",
     }
     tokens, counters = generate(dirs, config)
-    print("chain-v2", counters)
+    print(f"chain-v2-m{candidates}", counters)
     assert tokens == expected[: len(PROMPTS)]
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert counters["candidates"] == candidates
+    assert counters["scorer_step"] == ("triton" if candidates < 64 else "torch")
 
 
 @pytest.mark.parametrize("scorer", ["conditional", "marginal"])

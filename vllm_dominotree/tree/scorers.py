@@ -343,10 +343,11 @@ class ConditionalScorer:
 
         Each step is the very `children` call the host heap makes for the path's node
         (node d at depth d, its parent d - 1, the root's the zero slot), so both build
-        the same chain bit for bit: compiled as one graph, the unrolled steps let
+        the same chain bit for bit (compiled as one graph, the unrolled steps let
         Inductor fuse the top-M correction's product and sum otherwise than in the
-        per-node step, and the log-probs came out a float32 rounding apart (H100,
-        2026-12-06e, 8 requests)."""
+        per-node step, and the log-probs came out a float32 rounding apart: H100,
+        2026-12-06e, 8 requests), and on CUDA the chain takes the Triton step where the
+        trees do (two launches a draft)."""
         p = anchors.shape[0]
         req = torch.arange(p, device=anchors.device)
         token, parent = anchors, torch.full_like(req, self.zero_slot)
@@ -354,9 +355,10 @@ class ConditionalScorer:
         for d in range(self.hid_part.shape[1]):
             node = torch.full_like(req, d)  # on a path, a node's index is its depth
             values, children = self.children(req, node, parent, token, node)
-            token, parent = children[:, 0], node
+            # The Triton step returns views of its buffers, which its next call rewrites.
+            token, parent = children[:, 0].clone(), node
             tokens.append(token)
-            logprobs.append(values[:, 0])
+            logprobs.append(values[:, 0].clone())
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
