@@ -350,6 +350,10 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     from vllm import LLM
 
     base, variant, environment = split_variants(method)  # the parent sets the environment
+    # The engine's start (compilation, graph capture) costs device time per method, and a
+    # user waits for it at every `vllm serve`: the chain's took ~4 minutes on the H100,
+    # DFlash's ~1 (2026-12-06e, read from vLLM's log).
+    started = time.perf_counter()
     llm = LLM(
         model=dirs["target"],
         skip_tokenizer_init=True,
@@ -366,6 +370,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         worker_extension_cls="" if base in PLUGIN_METHODS else KERNEL_TRACE,
         **variant,
     )
+    start_s = time.perf_counter() - started
     vocab = SHAPES[args.shape]["vocab_size"]
     rows = []
     try:
@@ -387,6 +392,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 "accept_length": (args.tokens - 1) / rounds,
                 "ms_per_round": statistics.median(ms_runs),
                 "ms_per_round_runs": ms_runs,
+                "engine_start_s": start_s,
             }
             if base not in PLUGIN_METHODS and not args.no_split:
                 # vLLM's own methods and the plugin's on V2: the GPU's kernel time (their
@@ -542,7 +548,8 @@ def report(rows: list[dict], args) -> None:
         scheduling = {True: "async", False: "sync"}.get(r.get("async_scheduling"), "-")
         runs = r.get("ms_per_round_runs", [r["ms_per_round"]])
         ms = f"{r['ms_per_round']:.2f} ({min(runs):.2f}-{max(runs):.2f})"
-        table.append([r["method"], r["batch"], scheduling, ms, *cells, proj_cell])
+        start = f"{r['engine_start_s']:.0f}" if "engine_start_s" in r else "-"
+        table.append([r["method"], r["batch"], scheduling, ms, *cells, proj_cell, start])
     header = [
         "method",
         "batch",
@@ -565,6 +572,7 @@ def report(rows: list[dict], args) -> None:
         "vs dflash",
         "verify vs dflash's (GPU kernel ms)",
         "projected speedup (paper tau)",
+        "engine start s",
     ]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     intro = [

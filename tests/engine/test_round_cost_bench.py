@@ -69,6 +69,12 @@ def test_round_cost_bench_runs_every_method(tmp_path):
     for r in rows:
         base = split_variants(r["method"])[0]
         assert r["ms_per_round"] > 0 and r["prompt_tokens"] == PROMPT_TOKENS
+        # One engine per method: its start is each of its rows' (seconds, not zero).
+        assert r["engine_start_s"] > 1
+        assert (
+            r["engine_start_s"]
+            == rows[[x["method"] for x in rows].index(r["method"])]["engine_start_s"]
+        )
         # The median of the repeated runs of one batch.
         assert len(r["ms_per_round_runs"]) == 2
         assert r["ms_per_round"] == sum(r["ms_per_round_runs"]) / 2
