@@ -100,7 +100,7 @@ def drafter_scorer(
 ):
     """The tree scorer (tree/scorers.py) over a loaded drafter: Domino's head from the
     checkpoint's GRU and correction weights (none for a plain DFlash checkpoint), the
-    target's embedding over the whole vocabulary; the conditional scorer's node step as
+    target's embedding over the whole vocabulary; Domino's node step (trees and chain) as
     config.node_step resolves it (the Triton step on CUDA wherever it applies), on either
     runner. With a draft vocabulary the model's `draft_logits` cover it too."""
     vocab = vllm_config.model_config.get_vocab_size()
