@@ -233,9 +233,14 @@ class DominoTreeConfig:
     def tree_shape(self, num_drafts: int) -> TreeShape:
         """The builder's limits for a drafter with `num_drafts` drafts per block. A tree of
         `budget` nodes reaches depth `budget` at most, so the drafts past it are never
-        scored (the proposer computes no logits for them)."""
+        scored (the proposer computes no logits for them). The chain is a path of
+        `budget` nodes, or of the block's drafts where the budget is larger: the CPU's
+        budget of 4 verifies 5 rows a step where the whole block's 16 drafts verified 17
+        (about 110 ms a step against 59 at 3 rows for SmolLM2-135M on 2 cores), and a
+        budget of 15 on CUDA verifies the 16 rows vLLM's DFlash does."""
         if self.scorer == "chain":
-            return TreeShape(budget=num_drafts, max_depth=num_drafts, max_children=1)
+            length = min(num_drafts, self.budget)
+            return TreeShape(budget=length, max_depth=length, max_children=1)
         return TreeShape(
             budget=self.budget,
             max_depth=min(num_drafts, self.budget),

@@ -20,6 +20,7 @@ from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
 from vllm_dominotree.patches import engine_args
 from vllm_dominotree.patches.engine_args import check_engine_config
 from vllm_dominotree.speculative import translate
+from vllm_dominotree.tree import TreeShape
 
 from .conftest import PROMPTS, dominotree, greedy, make_llm
 
@@ -314,3 +315,14 @@ def test_structured_outputs_are_refused(conditional):
     params = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(regex="a+"))
     with pytest.raises(VLLMValidationError, match="structured_outputs"):
         conditional.generate([{"prompt_token_ids": PROMPTS[1]}], params)
+
+
+def test_the_chain_is_a_path_of_budget_drafts():
+    """The chain takes `budget` drafts, or the block's where the budget is larger (CUDA's
+    16 for a block of 16); trees reach at most their budget's depth."""
+    chain = DominoTreeConfig(scorer="chain", budget=4).tree_shape(16)
+    assert chain == TreeShape(budget=4, max_depth=4, max_children=1)
+    assert DominoTreeConfig(scorer="chain", budget=16).tree_shape(16) == TreeShape(16, 16, 1)
+    assert DominoTreeConfig(scorer="chain", budget=32).tree_shape(16) == TreeShape(16, 16, 1)
+    tree = DominoTreeConfig(scorer="conditional", budget=4).tree_shape(16)
+    assert tree == TreeShape(budget=4, max_depth=4, max_children=4)
