@@ -18,7 +18,7 @@ from vllm_dominotree.config import (
 )
 from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
 from vllm_dominotree.patches import engine_args
-from vllm_dominotree.patches.engine_args import check_engine_config
+from vllm_dominotree.patches.engine_args import check_engine_config, slow_bfloat16_warning
 from vllm_dominotree.speculative import translate
 from vllm_dominotree.tree import TreeShape
 
@@ -326,3 +326,27 @@ def test_the_chain_is_a_path_of_budget_drafts():
     assert DominoTreeConfig(scorer="chain", budget=32).tree_shape(16) == TreeShape(16, 16, 1)
     tree = DominoTreeConfig(scorer="conditional", budget=4).tree_shape(16)
     assert tree == TreeShape(budget=4, max_depth=4, max_children=4)
+
+
+def test_bfloat16_on_a_cpu_without_native_bf16_is_named_at_startup(pair_dirs, monkeypatch):
+    """A CPU engine in bfloat16 on a CPU without AVX512-BF16 or AMX is told why speculation
+    will not pay there and what to do; float32, or a CPU with native bf16, hears nothing."""
+    import torch
+
+    assert "--dtype float32" in slow_bfloat16_warning(torch.bfloat16, native_bf16=False)
+    assert slow_bfloat16_warning(torch.bfloat16, native_bf16=True) is None
+    assert slow_bfloat16_warning(torch.float32, native_bf16=False) is None
+    # The engine's config (its check, patches/engine_args.py, runs there) reads the
+    # target's dtype and the CPU's capabilities.
+    from vllm.engine.arg_utils import EngineArgs
+
+    warnings = []
+    monkeypatch.setattr(engine_args.logger, "warning", warnings.append)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for dtype in ("bfloat16", "float32"):
+        args = EngineArgs(
+            model=pair_dirs["target"], dtype=dtype, speculative_config=dominotree(pair_dirs)
+        )
+        args.create_engine_config()
+    assert warnings == [slow_bfloat16_warning(torch.bfloat16, native_bf16=False)]

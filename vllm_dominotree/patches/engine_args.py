@@ -13,7 +13,9 @@ Removal: when vLLM accepts plugin-registered speculative methods.
 from __future__ import annotations
 
 import functools
+import logging
 
+import torch
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 
@@ -22,6 +24,8 @@ from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spe
 from ..metrics import bind, export_for_engine
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
 from .input_processor import patch_openai_requests
+
+logger = logging.getLogger(__name__)
 
 CPU_WORKER = "vllm_dominotree.engine.cpu_worker.DominoTreeCPUWorker"
 GPU_WORKER = "vllm_dominotree.engine.gpu_worker.DominoTreeGPUWorker"
@@ -90,6 +94,28 @@ def check_engine_config(config) -> None:
     width = options.draft_vocab or spec.vocab_size  # the logits the scorer takes its top M of
     # Refuses a DOMINOTREE_NODE_STEP this engine cannot run; the workers resolve the same.
     node_step(options.scorer, options.candidates, width, cuda=current_platform.is_cuda())
+    if current_platform.is_cpu():
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        if warning := slow_bfloat16_warning(model.dtype, native_bf16=native):
+            logger.warning(warning)
+
+
+def slow_bfloat16_warning(dtype: torch.dtype, native_bf16: bool) -> str | None:
+    """What a CPU engine's user should know when its target runs bfloat16 on an x86 CPU
+    without native bf16 arithmetic (AVX512-BF16 or AMX), else None. There vLLM's oneDNN
+    cannot build its bf16 products and falls back to torch's, whose cost grows with the
+    rows: on a 2-core AMD EPYC (AVX2) SmolLM2's lm_head took 3.5 / 14.8 / 51.3 ms for 1 /
+    5 / 17 rows, and the shipped pair ran at 0.42x of plain decoding in bfloat16 and
+    0.70x in float32 (benchmarks/results/cpu_2026-12-06e_amd/)."""
+    if dtype != torch.bfloat16 or native_bf16:
+        return None
+    return (
+        "dominotree: this CPU has no native bfloat16 arithmetic (AVX512-BF16 or AMX), so "
+        "vLLM runs the target's bfloat16 products through torch's fallback, whose cost "
+        "grows with the rows: every verification of budget + 1 rows then costs several "
+        "plain steps and speculation slows decoding down; run the target in float32 "
+        "(--dtype float32, or LLM(dtype='float32'))"
+    )
 
 
 def patch_engine_args() -> None:
