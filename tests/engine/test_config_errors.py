@@ -342,6 +342,11 @@ def test_bfloat16_on_a_cpu_without_native_bf16_is_named_at_startup(pair_dirs, mo
 
     warnings = []
     monkeypatch.setattr(engine_args.logger, "warning", warnings.append)
+    from vllm.platforms.interface import CpuArchEnum
+
+    monkeypatch.setattr(
+        engine_args.current_platform, "get_cpu_architecture", lambda: CpuArchEnum.X86
+    )
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     for dtype in ("bfloat16", "float32"):

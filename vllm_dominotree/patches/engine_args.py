@@ -18,6 +18,7 @@ import logging
 import torch
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
+from vllm.platforms.interface import CpuArchEnum
 
 from ..config import DominoTreeConfig, DominoTreeConfigError, accept_kernel, node_step
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
@@ -94,7 +95,8 @@ def check_engine_config(config) -> None:
     width = options.draft_vocab or spec.vocab_size  # the logits the scorer takes its top M of
     # Refuses a DOMINOTREE_NODE_STEP this engine cannot run; the workers resolve the same.
     node_step(options.scorer, options.candidates, width, cuda=current_platform.is_cuda())
-    if current_platform.is_cpu():
+    # x86 only: the capabilities below are x86's (ARM's bf16 is another matter).
+    if current_platform.is_cpu() and current_platform.get_cpu_architecture() == CpuArchEnum.X86:
         native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
         if warning := slow_bfloat16_warning(model.dtype, native_bf16=native):
             logger.warning(warning)
@@ -105,8 +107,8 @@ def slow_bfloat16_warning(dtype: torch.dtype, native_bf16: bool) -> str | None:
     without native bf16 arithmetic (AVX512-BF16 or AMX), else None. There vLLM's oneDNN
     cannot build its bf16 products and falls back to torch's, whose cost grows with the
     rows: on a 2-core AMD EPYC (AVX2) SmolLM2's lm_head took 3.5 / 14.8 / 51.3 ms for 1 /
-    5 / 17 rows, and the shipped pair ran at 0.42x of plain decoding in bfloat16 and
-    0.70x in float32 (benchmarks/results/cpu_2026-12-06e_amd/)."""
+    5 / 17 rows, and the shipped pair's harness chats ran at 0.42x of plain decoding in
+    bfloat16, 0.70x and 0.87x in float32 (benchmarks/results/cpu_2026-12-06e_amd/)."""
     if dtype != torch.bfloat16 or native_bf16:
         return None
     return (
