@@ -187,6 +187,23 @@ def test_a_mixed_steps_prefill_rows_are_not_fa3s_queries():
     assert (got[tokens:] == 7.0).all()
 
 
+def test_a_forward_without_trees_leaves_every_row_alone():
+    """Cleared tables (a forward without trees, as vLLM's memory profiling run) own no
+    row: outside a graph FA3 is not called and the stock pass's rows stay (an empty
+    query set made the gather index past FA3's empty output, and tree engines failed to
+    start: H100, 2026-12-06f)."""
+    case = random_case("cpu", torch.float32, 1, requests=3, max_context=60)
+    tables = PathTables(max_paths=64, max_tokens=case[0].shape[0], max_len=2048, device="cpu")
+    publish_case(tables, case)
+    tables.clear()
+    called = []
+    got = torch.full_like(case[0], 7.0)
+    attend_paths(*case[:3], tables, 1.0, 17, int(case[5].max()), got,
+                 varlen=lambda **kwargs: called.append(kwargs))  # fmt: skip
+    assert not called
+    assert (got == 7.0).all()
+
+
 def test_the_schedule_is_computed_for_the_call_it_steers():
     """schedule_paths asks FA3's scheduler about the very call attend_paths makes (batch,
     key counts, query starts, bounds, split count, heads, one-slot pages): FA3 trusts a

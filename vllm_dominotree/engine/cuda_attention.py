@@ -220,6 +220,11 @@ def attend_paths(
         # the trees' rows at most (the owned rows come first); a captured graph (a
         # uniform step of trees) keeps its every row.
         queries = num_tokens if stream_capturing() else min(num_tokens, tables.query_bound)
+        if not queries:
+            # Cleared tables (a forward without trees: the engine's memory profiling run)
+            # own no row; the gather below would index an empty output (H100,
+            # 2026-12-06f: round_cost_bench's tree engines failed to start).
+            return
         path_query = query[tables.query_rows[:queries]]  # [Q, H, D]: owned rows first
         path_out = torch.empty_like(path_query)
     paths = path_batch_size(tables, num_tokens)

@@ -354,7 +354,12 @@ class ConditionalScorer:
         tokens, logprobs = [], []
         for d in range(self.hid_part.shape[1]):
             node = torch.full_like(req, d)  # on a path, a node's index is its depth
-            values, children = self.children(req, node, parent, token, node)
+            # The five columns as rows of one tensor, as `expand` passes them: the same
+            # argument layout keeps the one compiled step (passing `node` twice made
+            # Dynamo compile again for the aliasing, and its guard report then failed
+            # on the whole vocabulary: H100, 2026-12-06f).
+            columns = torch.stack([req, node, parent, token, node])  # [5, p]
+            values, children = self.children(*columns)
             # The Triton step returns views of its buffers, which its next call rewrites.
             token, parent = children[:, 0].clone(), node
             tokens.append(token)
