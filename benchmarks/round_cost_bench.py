@@ -23,7 +23,10 @@ the Triton launch that is CUDA's default (DOMINOTREE_ACCEPT_KERNEL), e.g.
 last, `-vocabS` drafting from a draft vocabulary of S tokens (option draft_vocab; the
 first S of a random ranking written beside the random drafter) and `-mM` correcting M
 candidates per depth (option candidates; 151936 for Qwen3's whole vocabulary: the
-chain's released decoder), e.g. `conditional-v2-vocab32768` or `chain-v2-m151936`.
+chain's released decoder) and `-bN` drafting N nodes a request (option budget, 16
+otherwise; the Domino drafter's chain drafts all 16 of its block and verifies 17 rows,
+`chain-v2-b15` verifies the 16 of vLLM's DFlash), e.g. `conditional-v2-vocab32768` or
+`chain-v2-m151936`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
@@ -156,11 +159,12 @@ def check_variant_ran(method: str, environment: dict[str, str], stats: dict) -> 
             f"{method}: the engine drafted from {stats.get('draft_vocab')} tokens, not "
             f"the {draft_vocab} asked for"
         )
-    if "candidates" in options and stats.get("candidates") != options["candidates"]:
-        raise RuntimeError(
-            f"{method}: the engine corrected {stats.get('candidates')} candidates per "
-            f"depth, not the {options['candidates']} asked for"
-        )
+    for option in ("candidates", "budget"):
+        if option in options and stats.get(option) != options[option]:
+            raise RuntimeError(
+                f"{method}: the engine ran {option} {stats.get(option)}, not the "
+                f"{options[option]} asked for"
+            )
     for variable, stat in VARIANT_STATS.items():
         asked = environment.get(variable)
         if asked and stats.get(stat) != asked:
@@ -190,13 +194,13 @@ def split_variants(method: str) -> tuple[str, dict, dict]:
 
 
 # A method's last suffixes, in any order -> the speculative config's option they set.
-OPTION_SUFFIXES = {"vocab": "draft_vocab", "m": "candidates"}
+OPTION_SUFFIXES = {"vocab": "draft_vocab", "m": "candidates", "b": "budget"}
 
 
 def split_options(method: str) -> tuple[str, dict[str, int]]:
     """'chain-v2-vocab32768-m64' -> ('chain-v2', {'draft_vocab': 32768, 'candidates': 64})."""
     options = {}
-    while match := re.fullmatch(r"(.+)-(vocab|m)(\d+)", method):
+    while match := re.fullmatch(r"(.+)-(vocab|m|b)(\d+)", method):
         method, options = match[1], {OPTION_SUFFIXES[match[2]]: int(match[3]), **options}
     return method, options
 

@@ -110,6 +110,7 @@ def test_budget_below_the_drafters_block_on_cpu(pair_dirs, expected, scorer):
         stats = tree_stats(llm)
     finally:
         shutdown(llm)
+    assert stats["budget"] == 3  # the report names it (round_cost_bench's `-bN` check)
     assert stats["trees"] > 0 and stats["tree_nodes"] == 3 * stats["trees"]
     assert (
         metrics["vllm:spec_decode_num_draft_tokens"] == 3 * metrics["vllm:spec_decode_num_drafts"]

@@ -185,8 +185,13 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
         {"candidates": 32, "draft_vocab": 32768},
     )
     check_variant_ran("chain-v2-m151936", {}, {"candidates": 151936})
-    with pytest.raises(RuntimeError, match="corrected 64 candidates per depth, not the 151936"):
+    with pytest.raises(RuntimeError, match="ran candidates 64, not the 151936 asked for"):
         check_variant_ran("chain-v2-m151936", {}, {"candidates": 64})
+    # And the nodes a request drafts (`-bN`): the chain of DFlash's 16 verified rows.
+    assert split_options("chain-v2-b15-m64") == ("chain-v2", {"budget": 15, "candidates": 64})
+    check_variant_ran("chain-v2-b15", {}, {"budget": 15})
+    with pytest.raises(RuntimeError, match="ran budget 16, not the 15 asked for"):
+        check_variant_ran("chain-v2-b15", {}, {"budget": 16})
 
 
 def test_a_rows_trees_come_from_the_engines_report():

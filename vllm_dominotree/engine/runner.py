@@ -133,6 +133,7 @@ class DominoTreeRunnerMixin:
         self._stats.accept_kernel = accept_kernel(cuda)
         self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
         self._stats.candidates = corrected_candidates(self.drafter.scorer)
+        self._stats.budget = self.drafter.budget
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
         elif cuda:

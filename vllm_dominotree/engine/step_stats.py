@@ -67,6 +67,9 @@ class DominoTreeStats:
     # Candidates per depth the conditional scorer or Domino's chain corrects: M (config
     # `candidates`), or the logits' width without a restriction; 0: the marginal scorer.
     candidates: int = 0
+    # Nodes a request drafts per round (its verification checks budget + 1 rows): the
+    # tree's budget, the chain's length (config.tree_shape).
+    budget: int = 0
     # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
     path_splits: str = ""
     # "fixup": how its rows round (cuda_attention.fixup_rounding): "fa3", "triton", "fast".

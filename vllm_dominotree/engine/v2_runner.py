@@ -202,6 +202,7 @@ class DominoTreeV2RunnerMixin:
             "scorer_step": self.speculator.scorer.step,
             "draft_vocab": draft_vocab_size(self.speculator.scorer),
             "candidates": corrected_candidates(self.speculator.scorer),
+            "budget": self.speculator.shape.budget,
             "stage_seconds": dict(self.stage_clock.seconds),
         }
         if self._trees:
