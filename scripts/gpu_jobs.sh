@@ -4,7 +4,8 @@
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
-#                     kernel, builder and engine tests, 21 jobs) and `suite bf16` (the bf16
+#                     kernel, builder and engine tests, 21 jobs, then the memory-profiled
+#                     engine starts alone) and `suite bf16` (the bf16
 #                     test's baselines and its 20 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
@@ -197,6 +198,13 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
     rc=0
     bash "$0" parallel "${jobs[@]}" || rc=1
     mv "$OUT/jobs.log" "$OUT/suite_$part.log"
+    if [ "$part" = tests ]; then
+      # Alone on the GPU: engines whose KV cache vLLM's memory profiler sizes (the
+      # parallel jobs' take fixed ones, and the profiler needs the GPU to itself).
+      echo "=== alone: tests/gpu/test_memory_profiled_start.py" >> "$OUT/suite_$part.log"
+      GPU_JOBS_PARENT=1 bash "$0" tests tests/gpu/test_memory_profiled_start.py 2>&1 |
+        awk '!/ INFO |it\/s\]|s\/it\]/' >> "$OUT/suite_$part.log" || rc=1
+    fi
     grep -a -h -E "passed|failed|diverge|error" "$OUT/suite_$part.log" | grep -v Warning || true
     exit $rc
     ;;
