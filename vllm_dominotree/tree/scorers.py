@@ -237,6 +237,12 @@ class ConditionalScorer:
         )
         self.hid_part = torch.zeros(r, k, emb_dim, device=device, dtype=dtype)  # W_h h_d
         self.base = torch.zeros(r, k, m, device=device, dtype=dtype)  # L_base on candidates
+        # The candidates' token ids and correction rows (None without a restriction).
+        # Dynamo keeps one cache for the step's code, whichever scorer compiled it, and
+        # explains a recompilation by reading the attributes the others' guards name:
+        # a scorer without them failed there (H100, 2026-12-06f, a whole-vocabulary
+        # chain after a top-64 one in one process).
+        self.cand = self.proj_rows = None
         if self.restricted:
             self.cand = torch.zeros(r, k, m, device=device, dtype=torch.long)
             self.proj_rows = torch.zeros(r, k, m, emb_dim, device=device, dtype=dtype)
@@ -355,9 +361,8 @@ class ConditionalScorer:
         for d in range(self.hid_part.shape[1]):
             node = torch.full_like(req, d)  # on a path, a node's index is its depth
             # The five columns as rows of one tensor, as `expand` passes them: the same
-            # argument layout keeps the one compiled step (passing `node` twice made
-            # Dynamo compile again for the aliasing, and its guard report then failed
-            # on the whole vocabulary: H100, 2026-12-06f).
+            # arguments for the compiled step (one tensor passed as both node and depth
+            # would fail Dynamo's no-aliasing guard, and compile the step again).
             columns = torch.stack([req, node, parent, token, node])  # [5, p]
             values, children = self.children(*columns)
             # The Triton step returns views of its buffers, which its next call rewrites.
