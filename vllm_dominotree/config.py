@@ -116,8 +116,9 @@ def node_step(scorer: str, candidates: int, width: int, cuda: bool) -> str:
     at batch 64 only), a batch-1 round in vLLM (V2) of 5.40 ms against 5.56 (H200,
     benchmarks/results/h200_2026-12-05b), and greedy float32 output equal to no
     speculation in the GPU engine tests on both runners (H100, 2026-12-06c). The chain
-    takes it too since 2026-12-06e: two launches a draft, where the compiled torch step
-    runs cuBLAS products and several Inductor kernels (not yet run or timed on a GPU)."""
+    takes it too since 2026-12-06e: two launches a draft (0.26 ms of a batch-1 round on
+    V2, which cost what the chain compiled as one Inductor graph did, 5.87 against 5.89
+    ms, and its engine started in 72 s against 147: H100, 2026-12-06f)."""
     variable = "DOMINOTREE_NODE_STEP"
     asked = _kernel_switch(variable) if variable in os.environ else None  # checked
     if asked == "triton" and not cuda:
