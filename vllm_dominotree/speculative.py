@@ -77,6 +77,15 @@ def translate(
             "replay 1 + num_speculative_tokens rows per request and the drafter's block "
             f"needs that many reserved slots; use budget >= {spec.block_size - 1}"
         )
+    if reserved > shape.budget and config.model_runner == "v2":
+        # V2 verifies every reserved slot (the tree runner, V1, verifies 1 + budget rows),
+        # so the slots past the budget would be verified with stale drafts in them.
+        raise DominoTreeConfigError(
+            f"budget {shape.budget} is below the drafter's block size {spec.block_size} "
+            "minus one, which only model_runner 'v1' supports: vLLM's V2 runner verifies "
+            "every slot reserved for the drafter's block; use budget >= "
+            f"{spec.block_size - 1} or model_runner 'v1'"
+        )
     requested = options.get("num_speculative_tokens")
     if requested is not None and requested != shape.budget:
         raise DominoTreeConfigError(

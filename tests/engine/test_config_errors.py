@@ -44,12 +44,18 @@ def test_bad_options(pair_dirs, options, message):
     assert message in str(err.value)
 
 
-def test_a_budget_below_the_block_is_cpu_only(pair_dirs):
+def test_a_budget_below_the_block_is_cpu_only(pair_dirs, monkeypatch):
     """CPU engines take it (test_generate.py); on CUDA it is refused at startup."""
+    import vllm.triton_utils
+
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)  # as under triton-cpu
     config = dominotree(pair_dirs, budget=5)
     assert translate(config, on_cpu=True)[0]["num_speculative_tokens"] == 7  # the block
     with pytest.raises(DominoTreeConfigError, match="only the CPU engine supports"):
         translate(config, on_cpu=False)
+    # ... on the tree runner: V2 would verify the block's slots past the budget.
+    with pytest.raises(DominoTreeConfigError, match="only model_runner 'v1' supports"):
+        translate(config | {"model_runner": "v2"}, on_cpu=True)
 
 
 def test_the_v2_runner_on_cpu_needs_a_triton_cpu_backend(pair_dirs):
