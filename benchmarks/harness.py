@@ -41,6 +41,7 @@ from results_io import markdown_table, write_results  # benchmarks/ is this scri
 from vllm_dominotree.evaluation.bootstrap import paired_bootstrap
 from vllm_dominotree.evaluation.datasets import chat_token_ids, load_dataset
 from vllm_dominotree.evaluation.server import sse_events
+from vllm_dominotree.openmp import engine_runtime
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -439,7 +440,10 @@ def main() -> None:
         parser.error("--profile reads the engine's stage clock: offline mode only")
     datasets = {name.split("=", 1)[0]: load_dataset(name)[: args.limit] for name in args.datasets}
     results = {}
+    args.openmp = {}  # the OpenMP runtime of each method's engine (openmp.py)
     for method in args.methods:
+        args.openmp[method] = engine_runtime(speculative=method_spec(method) is not None)
+        print(f"{method}: OpenMP runtime {args.openmp[method]}")
         results[method] = run_method(method, args, datasets)
         table = report(results, args)
     print(table)

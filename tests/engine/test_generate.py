@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 
+from vllm_dominotree import openmp
 from vllm_dominotree.metrics import COUNTERS
+from vllm_dominotree.openmp import engine_runtime
 
 from .conftest import (
     PROMPTS,
@@ -111,12 +114,31 @@ def test_budget_below_the_drafters_block_on_cpu(pair_dirs, expected, scorer):
     finally:
         shutdown(llm)
     assert stats["budget"] == 3  # the report names it (round_cost_bench's `-bN` check)
+    assert stats["openmp"] == "libgomp"  # vLLM's default (openmp.py)
     assert stats["trees"] > 0 and stats["tree_nodes"] == 3 * stats["trees"]
     assert (
         metrics["vllm:spec_decode_num_draft_tokens"] == 3 * metrics["vllm:spec_decode_num_drafts"]
     )
     assert stats["mean_accept_length"] > 1.5, stats
     assert stats["mean_leaves"] == 1.0 if scorer == "chain" else stats["mean_leaves"] > 1.0
+
+
+def test_the_engine_runs_on_the_openmp_runtime_the_entry_points_preload(
+    pair_dirs, expected, monkeypatch
+):
+    """vLLM preloads GNU OpenMP into a CPU engine's processes unless LD_PRELOAD names a
+    runtime; the main command and the harness start speculative engines on Intel's
+    (openmp.py), and the worker's report says what it runs on."""
+    monkeypatch.setenv("LD_PRELOAD", os.environ.get("LD_PRELOAD", ""))  # restored after
+    monkeypatch.setattr(openmp, "STARTED_WITH", "")
+    assert engine_runtime(speculative=True).startswith("Intel OpenMP")
+    llm = make_llm(pair_dirs, dominotree(pair_dirs, budget=3))
+    try:
+        assert greedy(llm) == expected
+        stats = tree_stats(llm)
+    finally:
+        shutdown(llm)
+    assert stats["openmp"] == "libiomp"
 
 
 def test_vllm_metrics_agree_with_the_runner(pair_dirs):

@@ -27,6 +27,7 @@ from ..config import CPU_BUDGET, CPU_DRAFT_VOCAB, DominoTreeConfig
 from ..drafter import Drafter
 from ..drafter.draft_vocab import default_size
 from ..evaluation.datasets import chat_token_ids
+from ..openmp import engine_runtime
 from ..reference import STAGES, ReferenceDecoder
 from ..training.smollm2 import DRAFTER_DIR
 from ..training.smollm2 import convert as convert_smollm2
@@ -141,6 +142,8 @@ def serve_with_vllm(target_dir, drafter_dir, tokenizer, args) -> None:
     )
     references, plain = {}, {}
     for name, spec in configs.items():
+        # Speculation on Intel OpenMP, plain decoding on vLLM's default (openmp.py).
+        openmp = engine_runtime(speculative=spec is not None)
         llm = LLM(
             model=str(target_dir),
             dtype="float32",
@@ -162,6 +165,7 @@ def serve_with_vllm(target_dir, drafter_dir, tokenizer, args) -> None:
             speedup = f" ({rate / plain[mode]:.2f}x)" if mode in plain else ""
             plain.setdefault(mode, rate)
             line += f" {rate:6.0f} tok/s {mode}{speedup:<8}"
+        line += f"  OpenMP: {openmp}"
         if spec is not None:
             stats = llm.collective_rpc("dominotree_stats")[0]
             line += (

@@ -35,6 +35,7 @@ from vllm.v1.sample.sampler import Sampler
 from ..config import accept_kernel
 from ..metrics import COUNTERS as METRIC_COUNTERS
 from ..metrics import engine_block
+from ..openmp import process_runtime
 from ..patches.worker_classes import runner_builds_every_logitsproc, runner_builds_proposer
 from ..stage_clock import StageClock
 from ..tree.scorers import corrected_candidates, draft_vocab_size
@@ -56,8 +57,9 @@ class DominoTreeWorkerMixin:
     def dominotree_stats(self) -> dict:
         """The runner's report (read with LLM.collective_rpc): the tree runner's counters
         and the seconds per stage while profiling (profiling.py); the V2 runner's is
-        shorter (v2_runner.py)."""
-        return self.model_runner.stats_report()
+        shorter (v2_runner.py). Both name the OpenMP runtime the worker preloaded
+        (openmp.py)."""
+        return self.model_runner.stats_report() | {"openmp": process_runtime()}
 
     def dominotree_profile(self, enabled: bool) -> None:
         """Start (or stop) timing the stages; the stage totals start again from zero."""

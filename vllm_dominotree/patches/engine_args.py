@@ -23,6 +23,7 @@ from vllm.platforms.interface import CpuArchEnum
 from ..config import DominoTreeConfig, DominoTreeConfigError, accept_kernel, node_step
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
+from ..openmp import gnu_openmp_warning, intel_openmp, preloaded_runtime
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
 from .input_processor import patch_openai_requests
 
@@ -99,6 +100,8 @@ def check_engine_config(config) -> None:
     if current_platform.is_cpu() and current_platform.get_cpu_architecture() == CpuArchEnum.X86:
         native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
         if warning := slow_bfloat16_warning(model.dtype, native_bf16=native):
+            logger.warning(warning)
+        if warning := gnu_openmp_warning(preloaded_runtime(), intel_openmp()):
             logger.warning(warning)
 
 
