@@ -71,6 +71,31 @@ def attention_mode() -> str:
     return mode
 
 
+def one_pass_kernel_from() -> int | None:
+    """From how many trees a one-pass step ("one-pass" beside FA3) computes its rows with
+    the FA3-rounded fix-up kernel (kernels/tree_attention_fa3.py) instead of the path
+    requests, from the environment's DOMINOTREE_ONE_PASS_KERNEL_FROM: a count >= 1 or
+    "never" (default: ONE_PASS_KERNEL_FROM). Both round every row as FA3 decodes it; the
+    path requests read each request's prefix once per leaf, the kernel once per request,
+    so the kernel wins on large batches and the path requests on small ones."""
+    value = os.environ.get("DOMINOTREE_ONE_PASS_KERNEL_FROM")
+    if value is None:
+        return ONE_PASS_KERNEL_FROM
+    if value == "never":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DominoTreeConfigError(
+            f'dominotree: DOMINOTREE_ONE_PASS_KERNEL_FROM={value!r}; use "never" or a '
+            "count of trees >= 1"
+        )
+    return int(value)
+
+
+# Not yet measured against the path requests in one run: until it is, one pass takes
+# the path requests at every batch size.
+ONE_PASS_KERNEL_FROM: int | None = None
+
+
 def path_splits() -> int | None:
     """How many key splits FA3 takes for the path requests (engine/cuda_attention.py),
     from the environment's DOMINOTREE_PATH_SPLITS: "vllm" (default: as vLLM calls the
@@ -167,8 +192,8 @@ class DominoTreeConfig:
     # contains the chain (see tree/builder.py). Costs depth's worth of budget.
     spine: bool = False
     # vLLM's model runner: "v1" (the tree runner) or "v2" (vLLM's default runner, whose
-    # host work per step is a fraction of V1's; trees there run on CPU only so far:
-    # docs/v2-runner-port.md).
+    # host work per step is a fraction of V1's, but whose trees refuse the sampling
+    # features V1 serves: logprobs, penalties, ...; README's options table).
     model_runner: str = "v1"
     # The drafter's logits, top-M and correction cover only the `draft_vocab` most
     # frequent tokens of the drafter's ranking (drafter/draft_vocab.py); 0 = the whole

@@ -70,8 +70,12 @@ class TreeFixupMixin:
         # is not run (the KV cache is already written: vLLM's do_kv_cache_update runs
         # before attention).
         one_pass = tree_layer and stock_pass_skipped(verification, attn_metadata, query.shape[0])
+        # One pass beside FA3 on a large step: the FA3-rounded kernel, not path requests.
+        by_kernel = one_pass and verification.kernel_takes(query.shape[0])
         if one_pass and verification.capturing:
             verification.one_pass_graphs.add(query.shape[0])
+            if by_kernel:
+                verification.kernel_graphs.add(query.shape[0])
         if not one_pass:
             output = super().forward(
                 layer, query, key, value, kv_cache, attn_metadata, output, **kwargs
@@ -89,7 +93,7 @@ class TreeFixupMixin:
             self.merge_tree_rows(
                 query, key, value, key_cache, value_cache, verification, attn_metadata, rows
             )
-        elif verification.paths is not None:
+        elif verification.paths is not None and not by_kernel:
             self.recompute_paths(
                 query, key_cache, value_cache, verification, attn_metadata, rows, one_pass
             )

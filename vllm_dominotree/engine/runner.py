@@ -177,7 +177,9 @@ class DominoTreeRunnerMixin:
         trees = step.trees if step is not None else []
         if every_row and verification.merge:
             verification.publish_prefixes(len(trees), self.positions)
-        if not verification.builds_paths(every_row):
+        if every_row and verification.kernel_takes(len(trees) * verification.rows_per_tree):
+            self._stats.one_pass_kernel_steps += 1
+        if not verification.builds_paths(every_row, len(trees)):
             return
         self._build_paths(
             len(trees),
@@ -245,6 +247,8 @@ class DominoTreeRunnerMixin:
             "tree_attention_check": self.attention_check(),
             # FULL graphs captured without the stock pass (one pass)
             "one_pass_graphs": len(self._verification.one_pass_graphs),
+            # ... and of those, the ones whose rows are the fix-up kernel's (kernel_from)
+            "kernel_graphs": len(self._verification.kernel_graphs),
         }
 
     def read_stats(self) -> DominoTreeStats:

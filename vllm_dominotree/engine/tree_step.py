@@ -305,6 +305,13 @@ class TreeVerification:
     # captured without the stock pass (one pass), which the runners report, so that a
     # one pass whose graphs kept the stock pass cannot pass unseen.
     one_pass_graphs: set[int] = field(default_factory=set)
+    # "one-pass" beside FA3 (config.one_pass_kernel_from): a one-pass forward of at
+    # least this many trees' rows computes them with the FA3-rounded fix-up kernel, not
+    # the path requests; None: the path requests at every size. Decided by the forward's
+    # row count, which a captured graph fixes (its padded size), so every replay of a
+    # graph takes the kernel it was captured with; `kernel_graphs` records those sizes.
+    kernel_from: int | None = None
+    kernel_graphs: set[int] = field(default_factory=set)
     # DOMINOTREE_CHECK_TREE_ATTENTION=1 (engine/attention_check.py): recomputed rows
     # checked against the dense reference in eager forwards.
     check: bool = False
@@ -321,10 +328,19 @@ class TreeVerification:
         self.prefix_lens.zero_()
         self.prefix_lens.index_copy_(0, batch_rows, positions[root_rows].to(torch.int32))
 
-    def builds_paths(self, every_row: bool) -> bool:
+    def kernel_takes(self, num_tokens: int) -> bool:
+        """Whether a one-pass forward of num_tokens rows (a graph's padded count) computes
+        them with the fix-up kernel (kernel_from)."""
+        return self.kernel_from is not None and num_tokens >= self.kernel_from * self.rows_per_tree
+
+    def builds_paths(self, every_row: bool, num_trees: int) -> bool:
         """Whether a step needs its path requests built (tree_paths.py): they verify it,
-        unless it is a one-pass step of the merged mode."""
-        return self.paths is not None and not (every_row and self.merge)
+        unless it is a one-pass step of the merged mode or of the kernel's size (a
+        forward pads its rows, never drops any: a step of kernel_from trees or more runs
+        the kernel; a smaller one may too, its paths then built for nothing)."""
+        if self.paths is None:
+            return False
+        return not (every_row and (self.merge or self.kernel_takes(num_trees * self.rows_per_tree)))
 
 
 _INSTALLED: TreeVerification | None = None

@@ -56,6 +56,7 @@ V2_COUNTERS = (
     "graph_accepts",
     "eager_accepts",
     "one_pass_steps",
+    "one_pass_kernel_steps",
 )
 
 
@@ -215,6 +216,7 @@ class DominoTreeV2RunnerMixin:
             report["accept_kernel"] = stats.accept_kernel
             # FULL graphs captured without the stock pass (one pass)
             report["one_pass_graphs"] = len(self._verification.one_pass_graphs)
+            report["kernel_graphs"] = len(self._verification.kernel_graphs)
             paths = self._verification.paths
             if paths is not None:
                 report["path_splits"] = "vllm" if paths.splits is None else str(paths.splits)
@@ -245,7 +247,9 @@ class DominoTreeV2RunnerMixin:
                 self._stats.one_pass_steps += every_row
                 if every_row and verification.merge:
                     verification.publish_prefixes(len(trees), input_batch.positions)
-                if verification.builds_paths(every_row):
+                if every_row and verification.kernel_takes(len(trees) * verification.rows_per_tree):
+                    self._stats.one_pass_kernel_steps += 1
+                if verification.builds_paths(every_row, len(trees)):
                     self._build_paths(
                         len(trees),
                         # Each owns a drafted row; one pass: a tree of the root alone too.
