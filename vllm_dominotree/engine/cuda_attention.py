@@ -10,7 +10,9 @@ cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
   step's root-to-leaf path requests, which hold every row (engine/tree_paths.py), so
   that tree rows round exactly as decoding's rows do (in bf16 the fix-up's own rounding
   flips a small model's near-ties); other steps run as paths, and the runner keeps them
-  out of FULL graphs; one-pass-fixup: the same with the fix-up's kernel for every row;
+  out of FULL graphs; a one-pass step of DOMINOTREE_ONE_PASS_KERNEL_FROM trees or more
+  takes the FA3-rounded fix-up kernel for every row instead (it reads each prefix once,
+  the path requests once per leaf); one-pass-fixup: that kernel for every one-pass step;
   one-pass-merge: the same steps with FA3 once per layer over each request's prefix
   alone and a Triton kernel for the trees' own rows, merged (kernels/tree_merge.py);
 - paths: the stock pass, then FA3 once more over the path requests for the rows it got
