@@ -185,6 +185,8 @@ def tree_fields(method: str, environment: dict[str, str], stats: dict) -> dict:
     steps = stats.get("steps", 0)
     one_pass = stats.get("one_pass_steps")
     fields["one_pass_share"] = one_pass / steps if steps and one_pass is not None else ""
+    by_kernel = stats.get("one_pass_kernel_steps")
+    fields["kernel_share"] = by_kernel / steps if steps and by_kernel is not None else ""
     return fields
 
 
@@ -472,13 +474,15 @@ def gathered_rows(out: Path) -> list[dict]:
 
 
 def trees_cell(row: dict) -> str:
-    """The tree attention a plugin row ran, its trees' mean leaves and the share of its
-    steps that ran one pass ("-" for rows without trees)."""
+    """The tree attention a plugin row ran, its trees' mean leaves and the shares of its
+    steps that ran one pass and, of those, the FA3-rounded kernel ("-" for rows without
+    trees)."""
     if not row.get("tree_attention"):
         return "-"
     cell = f"{row['tree_attention']}, {row['mean_leaves']:.1f} leaves"
-    share = row.get("one_pass_share")
-    return cell + (f", {share:.0%} one pass" if share != "" else "")
+    share, by_kernel = row.get("one_pass_share"), row.get("kernel_share", "")
+    cell += f", {share:.0%} one pass" if share != "" else ""
+    return cell + (f" ({by_kernel:.0%} by the kernel)" if by_kernel else "")
 
 
 def verify_vs_dflash(row: dict, rows: list[dict]) -> float | None:

@@ -206,6 +206,10 @@ def test_a_rows_trees_come_from_the_engines_report():
     assert trees_cell(tree_fields("conditional-v2", {}, one_pass)) == (
         "one-pass, 3.5 leaves, 75% one pass"
     )
+    by_kernel = one_pass | {"one_pass_kernel_steps": 2}
+    assert trees_cell(tree_fields("conditional-v2", {}, by_kernel)) == (
+        "one-pass, 3.5 leaves, 75% one pass (25% by the kernel)"
+    )
     with pytest.raises(RuntimeError, match="tree_attention 'one-pass'"):
         tree_fields(method, split_variants(method)[2], one_pass)
     chain = tree_fields("chain-v2", {}, {"scorer_step": "torch"})  # vLLM verifies the chain
