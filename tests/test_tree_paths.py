@@ -351,8 +351,10 @@ def test_merged_one_pass_steps_build_no_path_requests(monkeypatch, mode):
     )  # fmt: skip
     merge = mode == "one-pass-merge"
     assert chosen == mode and verification.one_pass and verification.merge == merge
-    assert verification.paths is not None and verification.builds_paths(False, 4)
-    assert verification.builds_paths(True, 4) != merge
+    positions = torch.zeros(64, dtype=torch.int64)
+    assert verification.paths is not None
+    assert verification.begin_step(4, False, positions).builds_paths  # beside a prefill
+    assert verification.begin_step(4, True, positions).builds_paths != merge
     assert (verification.prefix_lens is not None) == merge
 
 
@@ -372,7 +374,7 @@ def test_one_pass_takes_the_fa3_rounded_kernel_from_a_number_of_trees(monkeypatc
     with the FA3-rounded kernel and its step builds no path requests; smaller ones, and
     steps beside a prefill, keep the path requests. Where the kernel cannot round as FA3
     (head dim 256) or the mode has no such choice, the count is refused at startup."""
-    from vllm_dominotree.engine.tree_step import TreeStepBuffers, TreeVerification
+    from vllm_dominotree.engine.tree_step import StepChoice, TreeStepBuffers, TreeVerification
 
     cpu = torch.device("cpu")
 
@@ -390,8 +392,15 @@ def test_one_pass_takes_the_fa3_rounded_kernel_from_a_number_of_trees(monkeypatc
     verification = configured(fa3_layer(128))
     assert verification.kernel_from == 4
     assert not verification.kernel_takes(3 * 17) and verification.kernel_takes(4 * 17)
-    assert verification.builds_paths(True, 3) and not verification.builds_paths(True, 4)
-    assert verification.builds_paths(False, 8)  # beside a prefill: stock pass and paths
+    positions = torch.zeros(128, dtype=torch.int64)
+    small, large = (
+        verification.begin_step(3, True, positions),
+        verification.begin_step(4, True, positions),
+    )
+    assert small == StepChoice(every_row=True, by_kernel=False, builds_paths=True)
+    assert large == StepChoice(every_row=True, by_kernel=True, builds_paths=False)
+    beside_a_prefill = verification.begin_step(7, False, positions)  # stock pass and paths
+    assert beside_a_prefill == StepChoice(every_row=False, by_kernel=False, builds_paths=True)
     for layer, mode in ((fa3_layer(256), "one-pass"), (fa3_layer(128), "one-pass-fixup")):
         with pytest.raises(ValueError, match=f"KERNEL_FROM .* verifies with {mode} .*unset it"):
             configured(layer, mode)

@@ -170,24 +170,19 @@ class DominoTreeRunnerMixin:
         """Whether this step runs one pass (its requests all trees), and the step's path
         requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths, one-pass), built
         on the device from the step's description: no wait for the trees."""
-        verification = self._verification
-        every_row = verification.one_pass and self._all_trees(step)
-        verification.every_row = every_row
-        self._stats.one_pass_steps += every_row
         trees = step.trees if step is not None else []
-        if every_row and verification.merge:
-            verification.publish_prefixes(len(trees), self.positions)
-        if every_row and verification.kernel_takes(len(trees) * verification.rows_per_tree):
-            self._stats.one_pass_kernel_steps += 1
-        if not verification.builds_paths(every_row, len(trees)):
+        choice = self._verification.begin_step(len(trees), self._all_trees(step), self.positions)
+        self._stats.one_pass_steps += choice.every_row
+        self._stats.one_pass_kernel_steps += choice.by_kernel
+        if not choice.builds_paths:
             return
         self._build_paths(
             len(trees),
             # Each owns a drafted row; one pass: a tree of the root alone has one too.
-            num_paths=sum(max(t.num_rows - 1, int(every_row)) for t in trees),
+            num_paths=sum(max(t.num_rows - 1, int(choice.every_row)) for t in trees),
             # The host's root positions are exact or optimistic (asynchronous): a bound.
             max_root=max((t.start for t in trees), default=0),
-            every_row=every_row,
+            every_row=choice.every_row,
         )
 
     def _all_trees(self, step: TreeStep | None) -> bool:

@@ -333,14 +333,30 @@ class TreeVerification:
         them with the fix-up kernel (kernel_from)."""
         return self.kernel_from is not None and num_tokens >= self.kernel_from * self.rows_per_tree
 
-    def builds_paths(self, every_row: bool, num_trees: int) -> bool:
-        """Whether a step needs its path requests built (tree_paths.py): they verify it,
-        unless it is a one-pass step of the merged mode or of the kernel's size (a
-        forward pads its rows, never drops any: a step of kernel_from trees or more runs
-        the kernel; a smaller one may too, its paths then built for nothing)."""
-        if self.paths is None:
-            return False
-        return not (every_row and (self.merge or self.kernel_takes(num_trees * self.rows_per_tree)))
+    def begin_step(self, num_trees: int, all_trees: bool, positions: torch.Tensor) -> StepChoice:
+        """A step's tree attention, chosen by the runner before its forward: one pass
+        where its requests are all trees (`every_row`, the merged mode's prefixes
+        published), by the kernel from kernel_from trees, and whether the step's path
+        requests are built: they verify it unless it is a one-pass step of the merged
+        mode or of the kernel's size (a forward pads its rows, never drops any, so a step
+        of kernel_from trees or more runs the kernel; a smaller one may too, its paths
+        then built for nothing)."""
+        every_row = self.one_pass and all_trees
+        self.every_row = every_row
+        if every_row and self.merge:
+            self.publish_prefixes(num_trees, positions)
+        by_kernel = every_row and self.kernel_takes(num_trees * self.rows_per_tree)
+        builds_paths = self.paths is not None and not (every_row and self.merge) and not by_kernel
+        return StepChoice(every_row, by_kernel, builds_paths)
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """TreeVerification.begin_step's choice for one step."""
+
+    every_row: bool  # one pass: no stock pass in the target's layers
+    by_kernel: bool  # ... and every row by the FA3-rounded kernel
+    builds_paths: bool  # the runner builds the step's path requests
 
 
 _INSTALLED: TreeVerification | None = None

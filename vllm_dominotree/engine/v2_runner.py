@@ -238,26 +238,22 @@ class DominoTreeV2RunnerMixin:
         if self._trees:
             with self.stage_clock.stage("prepare"):
                 self._step = self._describe_trees(input_batch)
-                verification = self._verification
-                verification.step = self._step
+                self._verification.step = self._step
                 trees = self._step.trees if self._step is not None else []
                 # One pass: a step whose requests are all trees skips the stock pass.
-                every_row = verification.one_pass and 0 < len(trees) == input_batch.num_reqs
-                verification.every_row = every_row
-                self._stats.one_pass_steps += every_row
-                if every_row and verification.merge:
-                    verification.publish_prefixes(len(trees), input_batch.positions)
-                if every_row and verification.kernel_takes(len(trees) * verification.rows_per_tree):
-                    self._stats.one_pass_kernel_steps += 1
-                if verification.builds_paths(every_row, len(trees)):
+                all_trees = 0 < len(trees) == input_batch.num_reqs
+                choice = self._verification.begin_step(len(trees), all_trees, input_batch.positions)
+                self._stats.one_pass_steps += choice.every_row
+                self._stats.one_pass_kernel_steps += choice.by_kernel
+                if choice.builds_paths:
                     self._build_paths(
                         len(trees),
                         # Each owns a drafted row; one pass: a tree of the root alone too.
-                        sum(max(t.num_rows - 1, int(every_row)) for t in trees),
+                        sum(max(t.num_rows - 1, int(choice.every_row)) for t in trees),
                         max((t.start for t in trees), default=0),
                         input_batch.positions,
                         slot_mappings,
-                        every_row,
+                        choice.every_row,
                     )
                 if self._step is not None:
                     input_batch.positions[: self._step.num_tokens] += self._step.token_delta
