@@ -14,7 +14,9 @@ its graph, `-paths` / `-fixup` / `-one-pass` / `-one-pass-fixup` / `-one-pass-me
 rows through FA3 path requests / the Triton fix-up kernel / path requests for every row
 and no stock pass / the fix-up's kernel for every row and no stock pass / FA3 over each
 prefix plus the trees' own part, merged (kernels/tree_merge.py),
-`-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS), `-triton`
+`-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS),
+`-kernel-from4` / `-kernel-never` with one pass's steps of 4 trees or more by the
+FA3-rounded kernel / none of them (DOMINOTREE_ONE_PASS_KERNEL_FROM), `-triton`
 / `-torch-step` with the conditional scorer's per-node step and the builder's pop as
 Triton launches (CUDA's default since 2026-12-06c) / as compiled torch code
 (DOMINOTREE_NODE_STEP), `-accept-torch` with the trees accepted by torch code instead of
@@ -128,6 +130,8 @@ VARIANTS = {
     "-torch-step": ({}, {"DOMINOTREE_NODE_STEP": "torch"}),
     "-accept-torch": ({}, {"DOMINOTREE_ACCEPT_KERNEL": "torch"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
+    "-kernel-from4": ({}, {"DOMINOTREE_ONE_PASS_KERNEL_FROM": "4"}),
+    "-kernel-never": ({}, {"DOMINOTREE_ONE_PASS_KERNEL_FROM": "never"}),
 }
 
 

@@ -149,6 +149,11 @@ def test_method_variants_name_their_engine_arguments_and_environment():
     )
     assert split_variants("conditional-fixup")[2] == {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}
     # The longest suffix first: not "-fixup", then "-one-pass" over it.
+    assert split_variants("conditional-v2-kernel-from4") == (
+        "conditional-v2",
+        {},
+        {"DOMINOTREE_ONE_PASS_KERNEL_FROM": "4"},
+    )
     assert split_variants("conditional-one-pass-fixup-sync") == (
         "conditional",
         {"async_scheduling": False},
