@@ -78,7 +78,7 @@ def one_pass_kernel_from() -> int | None:
     "never" (default: ONE_PASS_KERNEL_FROM). Both round every row as FA3 decodes it; the
     path requests read each request's prefix once per leaf, the kernel once per request,
     so the kernel wins on large batches and the path requests on small ones."""
-    value = os.environ.get("DOMINOTREE_ONE_PASS_KERNEL_FROM")
+    value = os.environ.get(ONE_PASS_KERNEL_VARIABLE)
     if value is None:
         return ONE_PASS_KERNEL_FROM
     if value == "never":
@@ -91,6 +91,7 @@ def one_pass_kernel_from() -> int | None:
     return int(value)
 
 
+ONE_PASS_KERNEL_VARIABLE = "DOMINOTREE_ONE_PASS_KERNEL_FROM"
 # Not yet measured against the path requests in one run: until it is, one pass takes
 # the path requests at every batch size.
 ONE_PASS_KERNEL_FROM: int | None = None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..config import attention_mode, one_pass_kernel_from, path_splits
+from ..config import ONE_PASS_KERNEL_VARIABLE, attention_mode, one_pass_kernel_from, path_splits
 from ..kernels.tree_merge import check_merge_shape
 from .backend_support import runs_fa3
 from .tree_paths import PathTables, slot_view
@@ -83,13 +83,13 @@ def kernel_from(mode: str, target_layer) -> int | None:
     where it cannot apply."""
     from .cuda_attention import fixup_rounding  # imports vLLM's CUDA backends
 
-    asked = "DOMINOTREE_ONE_PASS_KERNEL_FROM" in os.environ
+    asked = ONE_PASS_KERNEL_VARIABLE in os.environ
     rounds_as_fa3 = fixup_rounding(target_layer.impl) == "fa3"
     if mode == "one-pass" and rounds_as_fa3:
         return one_pass_kernel_from()
     if asked:
         raise ValueError(
-            "dominotree: DOMINOTREE_ONE_PASS_KERNEL_FROM chooses between the path requests "
+            f"dominotree: {ONE_PASS_KERNEL_VARIABLE} chooses between the path requests "
             "and the FA3-rounded kernel in one pass beside FA3 (head dim <= 128); this "
             f"engine verifies with {mode} on {type(target_layer.impl).__name__}: unset it"
         )
