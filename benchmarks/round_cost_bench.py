@@ -25,10 +25,10 @@ the Triton launch that is CUDA's default (DOMINOTREE_ACCEPT_KERNEL), e.g.
 last, `-vocabS` drafting from a draft vocabulary of S tokens (option draft_vocab; the
 first S of a random ranking written beside the random drafter) and `-mM` correcting M
 candidates per depth (option candidates; 151936 for Qwen3's whole vocabulary: the
-chain's released decoder) and `-bN` drafting N nodes a request (option budget, 16
-otherwise; the Domino drafter's chain drafts all 16 of its block and verifies 17 rows,
-`chain-v2-b15` verifies the 16 of vLLM's DFlash), e.g. `conditional-v2-vocab32768` or
-`chain-v2-m151936`.
+chain's released decoder) and `-bN` drafting N nodes a request (option budget, as on
+CUDA otherwise: 16, the chain 15, which verifies the 16 rows of vLLM's DFlash;
+`chain-v2-b16` drafts all 16 of the Domino block and verifies 17), e.g.
+`conditional-v2-vocab32768` or `chain-v2-m151936`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
@@ -298,12 +298,15 @@ def speculative_config(
             "model": dirs["dflash"],
             "num_speculative_tokens": BLOCK_SIZE - 1,
         }
-    # Budget 16 on every device (the CPU's default is smaller): the paper's tree.
-    config = {"method": "dominotree", "model": dirs["domino"], "budget": 16}
+    scorer = method.removesuffix(V2)
+    # CUDA's budgets on every device (the CPU's default is smaller): the paper's tree of
+    # 16, the chain of DFlash's block - 1 drafts.
+    budget = BLOCK_SIZE - 1 if scorer == "chain" else 16
+    config = {"method": "dominotree", "model": dirs["domino"], "budget": budget, "scorer": scorer}
     config |= options or {}
     if method.endswith(V2):  # vLLM's V2 runner (CUDA: it needs Triton)
-        return config | {"scorer": method.removesuffix(V2), "model_runner": "v2"}
-    return config | {"scorer": method}
+        config["model_runner"] = "v2"
+    return config
 
 
 def timed_batch(

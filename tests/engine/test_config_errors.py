@@ -17,6 +17,7 @@ from vllm_dominotree.config import (
     node_step,
 )
 from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
+from vllm_dominotree.drafter.checkpoint import read_spec
 from vllm_dominotree.patches import engine_args
 from vllm_dominotree.patches.engine_args import check_engine_config, slow_bfloat16_warning
 from vllm_dominotree.speculative import translate
@@ -80,6 +81,12 @@ def test_the_default_budget_is_per_device(pair_dirs):
     config = {"method": "dominotree", "model": pair_dirs["drafter"]}
     assert translate(config, on_cpu=True)[1]["budget"] == CPU_BUDGET
     assert translate(config, on_cpu=False)[1]["budget"] == DominoTreeConfig().budget == 16
+    # The chain on CUDA verifies DFlash's rows: the drafter's block less one draft.
+    chain = {**config, "scorer": "chain"}
+    block = read_spec(pair_dirs["drafter"]).block_size
+    assert translate(chain, on_cpu=False)[1]["budget"] == block - 1 < 16
+    assert translate(chain, on_cpu=True)[1]["budget"] == CPU_BUDGET
+    assert translate({**chain, "budget": 16}, on_cpu=False)[1]["budget"] == 16
 
 
 def test_conditional_needs_domino(pair_dirs):

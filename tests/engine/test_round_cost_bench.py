@@ -19,6 +19,7 @@ from round_cost_bench import (  # noqa: E402
     STEP_COUNTS,
     check_variant_ran,
     gathered_rows,
+    speculative_config,
     split_options,
     split_variants,
     tree_fields,
@@ -197,6 +198,23 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
     check_variant_ran("chain-v2-b15", {}, {"budget": 15})
     with pytest.raises(RuntimeError, match="ran budget 16, not the 15 asked for"):
         check_variant_ran("chain-v2-b15", {}, {"budget": 16})
+
+
+def test_each_method_runs_cudas_budget():
+    """The plugin's methods run the budgets a CUDA user gets, on every device: the
+    paper's tree of 16, the chain of DFlash's rows (block - 1 drafts); `-bN` overrides."""
+    dirs = {"domino": "/drafter", "dflash": "/dflash"}
+
+    def config(method: str) -> dict:
+        return speculative_config(split_variants(method)[0], dirs, split_options(method)[1])
+
+    assert config("conditional-v2") == {
+        "method": "dominotree", "model": "/drafter", "budget": 16, "scorer": "conditional",
+        "model_runner": "v2",
+    }  # fmt: skip
+    assert config("chain")["budget"] == 15 and config("chain")["scorer"] == "chain"
+    assert config("chain-v2-b16")["budget"] == 16
+    assert config("dflash")["num_speculative_tokens"] == 15
 
 
 def test_a_rows_trees_come_from_the_engines_report():
