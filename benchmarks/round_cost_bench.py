@@ -14,9 +14,7 @@ its graph, `-paths` / `-fixup` / `-one-pass` / `-one-pass-fixup` / `-one-pass-me
 rows through FA3 path requests / the Triton fix-up kernel / path requests for every row
 and no stock pass / the fix-up's kernel for every row and no stock pass / FA3 over each
 prefix plus the trees' own part, merged (kernels/tree_merge.py),
-`-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS),
-`-kernel-from4` / `-kernel-never` with one pass's steps of 4 trees or more by the
-FA3-rounded kernel / none of them (DOMINOTREE_ONE_PASS_KERNEL_FROM), `-triton`
+`-splits1` with the path requests in one FA3 key split (DOMINOTREE_PATH_SPLITS), `-triton`
 / `-torch-step` with the conditional scorer's per-node step and the builder's pop as
 Triton launches (CUDA's default since 2026-12-06c) / as compiled torch code
 (DOMINOTREE_NODE_STEP), `-accept-torch` with the trees accepted by torch code instead of
@@ -130,8 +128,6 @@ VARIANTS = {
     "-torch-step": ({}, {"DOMINOTREE_NODE_STEP": "torch"}),
     "-accept-torch": ({}, {"DOMINOTREE_ACCEPT_KERNEL": "torch"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
-    "-kernel-from4": ({}, {"DOMINOTREE_ONE_PASS_KERNEL_FROM": "4"}),
-    "-kernel-never": ({}, {"DOMINOTREE_ONE_PASS_KERNEL_FROM": "never"}),
 }
 
 
@@ -189,8 +185,6 @@ def tree_fields(method: str, environment: dict[str, str], stats: dict) -> dict:
     steps = stats.get("steps", 0)
     one_pass = stats.get("one_pass_steps")
     fields["one_pass_share"] = one_pass / steps if steps and one_pass is not None else ""
-    by_kernel = stats.get("one_pass_kernel_steps")
-    fields["kernel_share"] = by_kernel / steps if steps and by_kernel is not None else ""
     return fields
 
 
@@ -481,15 +475,13 @@ def gathered_rows(out: Path) -> list[dict]:
 
 
 def trees_cell(row: dict) -> str:
-    """The tree attention a plugin row ran, its trees' mean leaves and the shares of its
-    steps that ran one pass and, of those, the FA3-rounded kernel ("-" for rows without
-    trees)."""
+    """The tree attention a plugin row ran, its trees' mean leaves and the share of its
+    steps that ran one pass ("-" for rows without trees)."""
     if not row.get("tree_attention"):
         return "-"
     cell = f"{row['tree_attention']}, {row['mean_leaves']:.1f} leaves"
-    share, by_kernel = row.get("one_pass_share"), row.get("kernel_share", "")
-    cell += f", {share:.0%} one pass" if share != "" else ""
-    return cell + (f" ({by_kernel:.0%} by the kernel)" if by_kernel else "")
+    share = row.get("one_pass_share")
+    return cell + (f", {share:.0%} one pass" if share != "" else "")
 
 
 def verify_vs_dflash(row: dict, rows: list[dict]) -> float | None:

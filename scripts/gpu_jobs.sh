@@ -6,7 +6,7 @@
 #   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
 #                     kernel, builder and engine tests, 21 jobs, then the memory-profiled
 #                     engine starts alone) and `suite bf16` (the bf16
-#                     test's baselines and its 24 variants, which await them) -> $OUT/suite_PART.log
+#                     test's baselines and its 20 variants, which await them) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -192,8 +192,7 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
             jobs+=("bf16-variant $pair-$variant")
           done
         done
-        jobs+=("bf16-variant toy-v2-paths-conditional" "bf16-variant toy-v2-triton-conditional"
-          "bf16-variant toy-kernel-from-4-conditional" "bf16-variant toy-v2-kernel-from-4-conditional") ;;
+        jobs+=("bf16-variant toy-v2-paths-conditional" "bf16-variant toy-v2-triton-conditional") ;;
       *) echo "suite tests | suite bf16" >&2; exit 2 ;;
     esac
     rc=0

@@ -14,7 +14,7 @@ from interpreter import run_interpreted
 from path_checks import attend_case, fa3_stand_in, publish_case, reference
 from tree_attention_check import random_case
 
-from vllm_dominotree.config import attention_mode, one_pass_kernel_from, path_splits
+from vllm_dominotree.config import attention_mode, path_splits
 from vllm_dominotree.engine import tree_attention_setup
 from vllm_dominotree.engine.cuda_attention import attend_paths, path_query_bound, schedule_paths
 from vllm_dominotree.engine.tree_paths import PathTables, slot_view, split_into_paths
@@ -345,8 +345,9 @@ def test_merged_one_pass_steps_build_no_path_requests(monkeypatch, mode):
     monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
     cpu = torch.device("cpu")
     verification = TreeVerification(TreeStepBuffers(64, cpu), frozenset(), 17)
+    layer = SimpleNamespace(attn_backend=SimpleNamespace(forward_includes_kv_cache_update=False))
     chosen = tree_attention_setup.configure(
-        verification, fa3_layer(128), no_one_pass=None, max_paths=32, max_tokens=64, max_len=256,
+        verification, layer, no_one_pass=None, max_paths=32, max_tokens=64, max_len=256,
         device=cpu,
     )  # fmt: skip
     merge = mode == "one-pass-merge"
@@ -356,60 +357,6 @@ def test_merged_one_pass_steps_build_no_path_requests(monkeypatch, mode):
     assert verification.begin_step(4, False, positions).builds_paths  # beside a prefill
     assert verification.begin_step(4, True, positions).builds_paths != merge
     assert (verification.prefix_lens is not None) == merge
-
-
-def fa3_layer(head_size: int) -> SimpleNamespace:
-    """A target layer as tree_attention_setup.configure sees one: FA3 at head_size."""
-    from vllm_dominotree.engine.cuda_attention import TreeFlashAttentionImpl
-
-    impl = object.__new__(TreeFlashAttentionImpl)  # the attributes the choice reads
-    impl.vllm_flash_attn_version, impl.head_size = 3, head_size
-    backend = SimpleNamespace(forward_includes_kv_cache_update=False)
-    return SimpleNamespace(impl=impl, attn_backend=backend)
-
-
-def test_one_pass_takes_the_fa3_rounded_kernel_from_a_number_of_trees(monkeypatch):
-    """One pass beside FA3 (head dim <= 128): a forward of at least
-    DOMINOTREE_ONE_PASS_KERNEL_FROM trees' rows (a graph's padded count) computes them
-    with the FA3-rounded kernel and its step builds no path requests; smaller ones, and
-    steps beside a prefill, keep the path requests. Where the kernel cannot round as FA3
-    (head dim 256) or the mode has no such choice, the count is refused at startup."""
-    from vllm_dominotree.engine.tree_step import StepChoice, TreeStepBuffers, TreeVerification
-
-    cpu = torch.device("cpu")
-
-    def configured(layer, mode="one-pass") -> TreeVerification:
-        monkeypatch.setenv("DOMINOTREE_CUDA_TREE_ATTENTION", mode)
-        verification = TreeVerification(TreeStepBuffers(128, cpu), frozenset(), 17)
-        tree_attention_setup.configure(
-            verification, layer, no_one_pass=None, max_paths=64, max_tokens=128, max_len=256,
-            device=cpu,
-        )  # fmt: skip
-        return verification
-
-    assert configured(fa3_layer(128)).kernel_from is None  # not measured yet: paths alone
-    monkeypatch.setenv("DOMINOTREE_ONE_PASS_KERNEL_FROM", "4")
-    verification = configured(fa3_layer(128))
-    assert verification.kernel_from == 4
-    assert not verification.kernel_takes(3 * 17) and verification.kernel_takes(4 * 17)
-    positions = torch.zeros(128, dtype=torch.int64)
-    small, large = (
-        verification.begin_step(3, True, positions),
-        verification.begin_step(4, True, positions),
-    )
-    assert small == StepChoice(every_row=True, by_kernel=False, builds_paths=True)
-    assert large == StepChoice(every_row=True, by_kernel=True, builds_paths=False)
-    beside_a_prefill = verification.begin_step(7, False, positions)  # stock pass and paths
-    assert beside_a_prefill == StepChoice(every_row=False, by_kernel=False, builds_paths=True)
-    for layer, mode in ((fa3_layer(256), "one-pass"), (fa3_layer(128), "one-pass-fixup")):
-        with pytest.raises(ValueError, match=f"KERNEL_FROM .* verifies with {mode} .*unset it"):
-            configured(layer, mode)
-    monkeypatch.setenv("DOMINOTREE_ONE_PASS_KERNEL_FROM", "never")
-    assert configured(fa3_layer(128)).kernel_from is None
-    for bad in ("0", "-1", "big"):
-        monkeypatch.setenv("DOMINOTREE_ONE_PASS_KERNEL_FROM", bad)
-        with pytest.raises(ValueError, match=f"KERNEL_FROM='{bad}'; use"):
-            one_pass_kernel_from()
 
 
 def test_the_path_split_count_is_checked(monkeypatch):

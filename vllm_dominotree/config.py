@@ -71,33 +71,6 @@ def attention_mode() -> str:
     return mode
 
 
-def one_pass_kernel_from() -> int | None:
-    """From how many trees a one-pass step ("one-pass" beside FA3) computes its rows with
-    the FA3-rounded fix-up kernel (kernels/tree_attention_fa3.py) instead of the path
-    requests, from the environment's DOMINOTREE_ONE_PASS_KERNEL_FROM: a count >= 1 or
-    "never" (default: ONE_PASS_KERNEL_FROM). Both round every row as FA3 decodes it; the
-    path requests read each request's prefix once per leaf, the kernel once per request,
-    yet at 128-token prompts the kernel was slower at every batch size (below)."""
-    value = os.environ.get(ONE_PASS_KERNEL_VARIABLE)
-    if value is None:
-        return ONE_PASS_KERNEL_FROM
-    if value == "never":
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise DominoTreeConfigError(
-            f'dominotree: DOMINOTREE_ONE_PASS_KERNEL_FROM={value!r}; use "never" or a '
-            "count of trees >= 1"
-        )
-    return int(value)
-
-
-ONE_PASS_KERNEL_VARIABLE = "DOMINOTREE_ONE_PASS_KERNEL_FROM"
-# The path requests at every batch size: from 4 trees the kernel took the conditional
-# round from 6.91 / 10.78 / 36.78 to 8.55 / 14.97 / 49.87 ms at batch 4 / 16 / 64 (H100,
-# 128-token prompts, benchmarks/results/h100_2026-12-06h/). Long prompts not measured.
-ONE_PASS_KERNEL_FROM: int | None = None
-
-
 def path_splits() -> int | None:
     """How many key splits FA3 takes for the path requests (engine/cuda_attention.py),
     from the environment's DOMINOTREE_PATH_SPLITS: "vllm" (default: as vLLM calls the

@@ -49,7 +49,6 @@ COUNTERS = {
     "graph_accepts": "verification steps whose acceptance and K/V move replayed a CUDA graph",
     "eager_accepts": "verification steps accepted outside CUDA graphs (sampled, CPU, eager)",
     "one_pass_steps": "verification steps whose target layers ran no stock attention (one pass)",
-    "one_pass_kernel_steps": "one-pass steps whose rows the FA3-rounded kernel computed",
 }
 HISTOGRAMS = {
     "draft_seconds": "drafter backbone pass per step (device time)",

@@ -150,11 +150,6 @@ def test_method_variants_name_their_engine_arguments_and_environment():
     )
     assert split_variants("conditional-fixup")[2] == {"DOMINOTREE_CUDA_TREE_ATTENTION": "fixup"}
     # The longest suffix first: not "-fixup", then "-one-pass" over it.
-    assert split_variants("conditional-v2-kernel-from4") == (
-        "conditional-v2",
-        {},
-        {"DOMINOTREE_ONE_PASS_KERNEL_FROM": "4"},
-    )
     assert split_variants("conditional-one-pass-fixup-sync") == (
         "conditional",
         {"async_scheduling": False},
@@ -228,10 +223,6 @@ def test_a_rows_trees_come_from_the_engines_report():
     one_pass = report | {"tree_attention": "one-pass", "steps": 8, "one_pass_steps": 6}
     assert trees_cell(tree_fields("conditional-v2", {}, one_pass)) == (
         "one-pass, 3.5 leaves, 75% one pass"
-    )
-    by_kernel = one_pass | {"one_pass_kernel_steps": 2}
-    assert trees_cell(tree_fields("conditional-v2", {}, by_kernel)) == (
-        "one-pass, 3.5 leaves, 75% one pass (25% by the kernel)"
     )
     with pytest.raises(RuntimeError, match="tree_attention 'one-pass'"):
         tree_fields(method, split_variants(method)[2], one_pass)

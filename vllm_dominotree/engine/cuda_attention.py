@@ -10,9 +10,7 @@ cache, by one of (DOMINOTREE_CUDA_TREE_ATTENTION, config.attention_mode):
   step's root-to-leaf path requests, which hold every row (engine/tree_paths.py), so
   that tree rows round exactly as decoding's rows do (in bf16 the fix-up's own rounding
   flips a small model's near-ties); other steps run as paths, and the runner keeps them
-  out of FULL graphs; a one-pass step of DOMINOTREE_ONE_PASS_KERNEL_FROM trees or more
-  takes the FA3-rounded fix-up kernel for every row instead (it reads each prefix once,
-  the path requests once per leaf); one-pass-fixup: that kernel for every one-pass step;
+  out of FULL graphs; one-pass-fixup: the same with the fix-up's kernel for every row;
   one-pass-merge: the same steps with FA3 once per layer over each request's prefix
   alone and a Triton kernel for the trees' own rows, merged (kernels/tree_merge.py);
 - paths: the stock pass, then FA3 once more over the path requests for the rows it got
@@ -72,12 +70,8 @@ class TreeFixupMixin:
         # is not run (the KV cache is already written: vLLM's do_kv_cache_update runs
         # before attention).
         one_pass = tree_layer and stock_pass_skipped(verification, attn_metadata, query.shape[0])
-        # One pass beside FA3 on a large step: the FA3-rounded kernel, not path requests.
-        by_kernel = one_pass and verification.kernel_takes(query.shape[0])
         if one_pass and verification.capturing:
             verification.one_pass_graphs.add(query.shape[0])
-            if by_kernel:
-                verification.kernel_graphs.add(query.shape[0])
         if not one_pass:
             output = super().forward(
                 layer, query, key, value, kv_cache, attn_metadata, output, **kwargs
@@ -95,7 +89,7 @@ class TreeFixupMixin:
             self.merge_tree_rows(
                 query, key, value, key_cache, value_cache, verification, attn_metadata, rows
             )
-        elif verification.paths is not None and not by_kernel:
+        elif verification.paths is not None:
             self.recompute_paths(
                 query, key_cache, value_cache, verification, attn_metadata, rows, one_pass
             )

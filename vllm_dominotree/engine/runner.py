@@ -173,7 +173,6 @@ class DominoTreeRunnerMixin:
         trees = step.trees if step is not None else []
         choice = self._verification.begin_step(len(trees), self._all_trees(step), self.positions)
         self._stats.one_pass_steps += choice.every_row
-        self._stats.one_pass_kernel_steps += choice.by_kernel
         if not choice.builds_paths:
             return
         self._build_paths(
@@ -242,8 +241,6 @@ class DominoTreeRunnerMixin:
             "tree_attention_check": self.attention_check(),
             # FULL graphs captured without the stock pass (one pass)
             "one_pass_graphs": len(self._verification.one_pass_graphs),
-            # ... and of those, the ones whose rows are the fix-up kernel's (kernel_from)
-            "kernel_graphs": len(self._verification.kernel_graphs),
         }
 
     def read_stats(self) -> DominoTreeStats:

@@ -77,10 +77,6 @@ class DominoTreeStats:
     # One pass: steps whose rows were all recomputed (all trees: no stock pass); the
     # other verification steps ran the stock pass and recomputed the fixed rows.
     one_pass_steps: int = 0
-    # Of those, steps of at least `kernel_from` trees (TreeVerification): their rows by
-    # the FA3-rounded fix-up kernel, not the path requests (a smaller step padded to
-    # that size in a graph runs the kernel too, and is not counted here).
-    one_pass_kernel_steps: int = 0
     # "one-pass": steps of budget + 1 rows per request with a request that is no tree
     # (a prefill chunk of that length), which vLLM would run in a FULL graph: run
     # piecewise instead (runner._determine_batch_execution_and_padding).

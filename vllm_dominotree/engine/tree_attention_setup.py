@@ -8,12 +8,11 @@ when the model is loaded, and checked once the KV cache exists.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 
-from ..config import ONE_PASS_KERNEL_VARIABLE, attention_mode, one_pass_kernel_from, path_splits
+from ..config import attention_mode, path_splits
 from ..kernels.tree_merge import check_merge_shape
 from .backend_support import runs_fa3
 from .tree_paths import PathTables, slot_view
@@ -68,32 +67,11 @@ def configure(
             splits=path_splits(),
         )
     verification.one_pass = mode.startswith("one-pass")
-    verification.kernel_from = kernel_from(mode, target_layer)
     if mode == "one-pass-merge":
         verification.prefix_lens = torch.zeros(max_tokens, dtype=torch.int32, device=device)
     if verification.one_pass:
         verification.all_rows = torch.ones_like(verification.buffers.token_needs_fix)
     return mode
-
-
-def kernel_from(mode: str, target_layer) -> int | None:
-    """TreeVerification.kernel_from for this engine: config.one_pass_kernel_from where
-    one pass has both ways to compute every row as FA3 decodes it (the FA3-rounded
-    kernel covers FA3 up to head dim 128), else None; the environment's count is refused
-    where it cannot apply."""
-    from .cuda_attention import fixup_rounding  # imports vLLM's CUDA backends
-
-    asked = ONE_PASS_KERNEL_VARIABLE in os.environ
-    rounds_as_fa3 = fixup_rounding(target_layer.impl) == "fa3"
-    if mode == "one-pass" and rounds_as_fa3:
-        return one_pass_kernel_from()
-    if asked:
-        raise ValueError(
-            f"dominotree: {ONE_PASS_KERNEL_VARIABLE} chooses between the path requests "
-            "and the FA3-rounded kernel in one pass beside FA3 (head dim <= 128); this "
-            f"engine verifies with {mode} on {type(target_layer.impl).__name__}: unset it"
-        )
-    return None
 
 
 def check_backend(

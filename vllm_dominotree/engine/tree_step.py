@@ -305,13 +305,6 @@ class TreeVerification:
     # captured without the stock pass (one pass), which the runners report, so that a
     # one pass whose graphs kept the stock pass cannot pass unseen.
     one_pass_graphs: set[int] = field(default_factory=set)
-    # "one-pass" beside FA3 (config.one_pass_kernel_from): a one-pass forward of at
-    # least this many trees' rows computes them with the FA3-rounded fix-up kernel, not
-    # the path requests; None: the path requests at every size. Decided by the forward's
-    # row count, which a captured graph fixes (its padded size), so every replay of a
-    # graph takes the kernel it was captured with; `kernel_graphs` records those sizes.
-    kernel_from: int | None = None
-    kernel_graphs: set[int] = field(default_factory=set)
     # DOMINOTREE_CHECK_TREE_ATTENTION=1 (engine/attention_check.py): recomputed rows
     # checked against the dense reference in eager forwards.
     check: bool = False
@@ -328,26 +321,17 @@ class TreeVerification:
         self.prefix_lens.zero_()
         self.prefix_lens.index_copy_(0, batch_rows, positions[root_rows].to(torch.int32))
 
-    def kernel_takes(self, num_tokens: int) -> bool:
-        """Whether a one-pass forward of num_tokens rows (a graph's padded count) computes
-        them with the fix-up kernel (kernel_from)."""
-        return self.kernel_from is not None and num_tokens >= self.kernel_from * self.rows_per_tree
-
     def begin_step(self, num_trees: int, all_trees: bool, positions: torch.Tensor) -> StepChoice:
         """A step's tree attention, chosen by the runner before its forward: one pass
         where its requests are all trees (`every_row`, the merged mode's prefixes
-        published), by the kernel from kernel_from trees, and whether the step's path
-        requests are built: they verify it unless it is a one-pass step of the merged
-        mode or of the kernel's size (a forward pads its rows, never drops any, so a step
-        of kernel_from trees or more runs the kernel; a smaller one may too, its paths
-        then built for nothing)."""
+        published), and whether the step's path requests are built: they verify it
+        unless it is a one-pass step of the merged mode."""
         every_row = self.one_pass and all_trees
         self.every_row = every_row
         if every_row and self.merge:
             self.publish_prefixes(num_trees, positions)
-        by_kernel = every_row and self.kernel_takes(num_trees * self.rows_per_tree)
-        builds_paths = self.paths is not None and not (every_row and self.merge) and not by_kernel
-        return StepChoice(every_row, by_kernel, builds_paths)
+        builds_paths = self.paths is not None and not (every_row and self.merge)
+        return StepChoice(every_row, builds_paths)
 
 
 @dataclass(frozen=True)
@@ -355,7 +339,6 @@ class StepChoice:
     """TreeVerification.begin_step's choice for one step."""
 
     every_row: bool  # one pass: no stock pass in the target's layers
-    by_kernel: bool  # ... and every row by the FA3-rounded kernel
     builds_paths: bool  # the runner builds the step's path requests
 
 

@@ -56,7 +56,6 @@ V2_COUNTERS = (
     "graph_accepts",
     "eager_accepts",
     "one_pass_steps",
-    "one_pass_kernel_steps",
 )
 
 
@@ -216,7 +215,6 @@ class DominoTreeV2RunnerMixin:
             report["accept_kernel"] = stats.accept_kernel
             # FULL graphs captured without the stock pass (one pass)
             report["one_pass_graphs"] = len(self._verification.one_pass_graphs)
-            report["kernel_graphs"] = len(self._verification.kernel_graphs)
             paths = self._verification.paths
             if paths is not None:
                 report["path_splits"] = "vllm" if paths.splits is None else str(paths.splits)
@@ -244,7 +242,6 @@ class DominoTreeV2RunnerMixin:
                 all_trees = 0 < len(trees) == input_batch.num_reqs
                 choice = self._verification.begin_step(len(trees), all_trees, input_batch.positions)
                 self._stats.one_pass_steps += choice.every_row
-                self._stats.one_pass_kernel_steps += choice.by_kernel
                 if choice.builds_paths:
                     self._build_paths(
                         len(trees),
