@@ -3,10 +3,11 @@
 # shipped files are in place (scripts/device_unpack.sh) and vLLM is staged:
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
-#   suite PART        tests/gpu in two `parallel` phases, a call each: `suite tests` (the
-#                     kernel, builder and engine tests, 21 jobs, then the memory-profiled
-#                     engine starts alone) and `suite bf16` (the bf16
-#                     test's baselines and its 20 variants, which await them) -> $OUT/suite_PART.log
+#   suite PART        tests/gpu in three parts, a call each: `suite tests` (the kernel,
+#                     builder and engine tests, 21 jobs in one `parallel` phase), `suite
+#                     bf16` (the bf16 test's baselines and its 20 variants, which await
+#                     them, another phase) and `suite memory` (the memory-profiled
+#                     engine starts, alone on the GPU) -> $OUT/suite_PART.log
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -140,12 +141,22 @@ case $job in
       "${models[@]}" "$@" 2>&1 | quiet
     ;;
   suite)
-    # tests/gpu in two parts, a call each (`suite tests`, then `suite bf16`), each one
+    # tests/gpu in three parts, a call each. `suite tests` and `suite bf16` are each one
     # `parallel` phase of about a dozen jobs of at most two engine starts: with 18 jobs
     # at once an engine start took 110 s and five jobs ran past a call (2026-12-03e). The
     # bf16 part's variants await the baselines that two of its jobs compute (fresh
-    # ones: the folder is cleared first).
-    part=${1:?"suite tests | suite bf16"}
+    # ones: the folder is cleared first). `suite memory`: engines whose KV cache vLLM's
+    # memory profiler sizes, alone on the GPU (the parallel jobs' take fixed ones, and
+    # the profiler needs the GPU to itself); 213 s on an H100. After `suite tests` in
+    # the call that staged vLLM it did not fit (cut at 470 s, 2026-12-06h).
+    part=${1:?"suite tests | suite bf16 | suite memory"}
+    if [ "$part" = memory ]; then
+      rc=0
+      GPU_JOBS_PARENT=1 bash "$0" tests tests/gpu/test_memory_profiled_start.py 2>&1 |
+        awk '!/ INFO |it\/s\]|s\/it\]/' > "$OUT/suite_memory.log" || rc=1
+      grep -a -E "passed|failed|error" "$OUT/suite_memory.log" | grep -v Warning || true
+      exit "$rc"
+    fi
     e=tests/gpu/test_engine_gpu.py
     s=tests/gpu/test_smollm2_gpu.py
     b=tests/gpu/test_bf16_divergence.py
@@ -193,18 +204,11 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
           done
         done
         jobs+=("bf16-variant toy-v2-paths-conditional" "bf16-variant toy-v2-triton-conditional") ;;
-      *) echo "suite tests | suite bf16" >&2; exit 2 ;;
+      *) echo "suite tests | suite bf16 | suite memory" >&2; exit 2 ;;
     esac
     rc=0
     bash "$0" parallel "${jobs[@]}" || rc=1
     mv "$OUT/jobs.log" "$OUT/suite_$part.log"
-    if [ "$part" = tests ]; then
-      # Alone on the GPU: engines whose KV cache vLLM's memory profiler sizes (the
-      # parallel jobs' take fixed ones, and the profiler needs the GPU to itself).
-      echo "=== alone: tests/gpu/test_memory_profiled_start.py" >> "$OUT/suite_$part.log"
-      GPU_JOBS_PARENT=1 bash "$0" tests tests/gpu/test_memory_profiled_start.py 2>&1 |
-        awk '!/ INFO |it\/s\]|s\/it\]/' >> "$OUT/suite_$part.log" || rc=1
-    fi
     grep -a -h -E "passed|failed|diverge|error" "$OUT/suite_$part.log" | grep -v Warning || true
     exit $rc
     ;;
