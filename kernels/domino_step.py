@@ -386,6 +386,18 @@ class DominoStep:
         )  # fmt: skip
         self.values = torch.zeros(max_rows, c, device=device, dtype=torch.float64)
         self.tokens = torch.zeros(max_rows, c, device=device, dtype=torch.long)
+        # Domino's chain (`chain`): each draft's fixed rows, (request, node = depth d,
+        # parent d - 1, the root's the zero slot) [K, 3, max_rows], and the path's tokens
+        # [K + 1, max_rows] (the anchors, then each draft) and log-probs [K, max_rows],
+        # which the two launches of a draft read and write in place.
+        k = scorer.hid_part.shape[1]
+        depths = torch.arange(k, device=device)[:, None].expand(k, max_rows)
+        self.chain_rows = torch.stack(
+            [torch.arange(max_rows, device=device).expand(k, max_rows), depths, depths - 1], 1
+        )
+        self.chain_rows[0, 2] = scorer.zero_slot
+        self.chain_tokens = torch.zeros(k + 1, max_rows, device=device, dtype=torch.long)
+        self.chain_logprobs = torch.zeros(k, max_rows, device=device, dtype=torch.float64)
         # The kernels index the scorer's tables by their strides, the candidates' with the
         # base logits' (the same [R, K, M] shape).
         tables = (scorer.proj_rows, scorer.base, scorer.cand, scorer.states, scorer.hid_part)
@@ -399,6 +411,22 @@ class DominoStep:
         self.children(req, node, depth)
         p = req.shape[0]
         return self.values[:p], self.tokens[:p]
+
+    def chain(self, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Domino's chain for [p] requests (the scorer's `chain` on this step): per draft
+        the step's two launches, the very calls the host heap makes for the path's node,
+        on rows and into outputs that stay in place (no per-draft column stack or
+        copies). -> drafts [p, K] and their log-probs [p, K] float64, views of this
+        step's buffers until its next chain."""
+        assert self.values.shape[1] == 1, "a chain takes one child per node"
+        p = anchors.shape[0]
+        path = self.chain_tokens
+        path[0, :p] = anchors
+        for d in range(self.chain_rows.shape[0]):
+            req, node, parent = self.chain_rows[d, :, :p]
+            self.gru(req, node, parent, path[d, :p], node)  # node d sits at depth d
+            self.children(req, node, node, into=(self.chain_logprobs[d], path[d + 1]))
+        return path[1:, :p].T, self.chain_logprobs[:, :p].T
 
     def gru(self, req, node, parent, token, depth) -> None:
         """States[req, node] = GRU(embed[token], states[req, parent]) for [p] rows (at
@@ -442,11 +470,19 @@ class DominoStep:
             # kernel's own products keep float32), a float32 one is IEEE.
             self.gi[:n] = self.scorer.embed_tokens[cand].to(self.w_ih.dtype) @ self.w_ih.T
 
-    def children(self, req, node, depth, pop: PopTables | None = None) -> None:
+    def children(
+        self,
+        req,
+        node,
+        depth,
+        pop: PopTables | None = None,
+        into: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """The children of [p] rows' nodes (contiguous; states and u's shares written by
         `gru`), one launch: u, the correction, the top C and, with `pop`, the device
-        builder's pop on its frontier (kernels/tree_pop.py); without it into self.values /
-        self.tokens."""
+        builder's pop on its frontier (kernels/tree_pop.py); without it, the children's
+        log-probs and tokens into `into` ([>= p, C] each, contiguous rows), by default
+        self.values / self.tokens."""
         s = self.scorer
         p = req.shape[0]
         c = s.max_children
@@ -455,9 +491,10 @@ class DominoStep:
         seqs = (pop.record_seq, pop.pop_seq) if pop else (self.tokens,) * 2
         out = pop.out if pop else (self.tokens,) * 5
         width = frontier[0].shape[1]
+        values, tokens = into or (self.values, self.tokens)
         _children[(p,)](
             req, node, depth, self.u_shares, s.hid_part, self.u, s.proj_rows, s.base, s.cand,
-            self.values, self.tokens, self.max_rows, s.hid_part.stride(0), s.hid_part.stride(1),
+            values, tokens, self.max_rows, s.hid_part.stride(0), s.hid_part.stride(1),
             s.prefix_len, s.proj_rows.stride(0), s.proj_rows.stride(1), s.base.stride(0),
             s.base.stride(1),
             pop.expand if pop else node, *frontier, *seqs, *out,

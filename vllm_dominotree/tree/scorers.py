@@ -353,7 +353,12 @@ class ConditionalScorer:
         Inductor fuse the top-M correction's product and sum otherwise than in the
         per-node step, and the log-probs came out a float32 rounding apart: H100,
         2026-12-06e, 8 requests), and on CUDA the chain takes the Triton step where the
-        trees do (two launches a draft)."""
+        trees do: two launches a draft, in place (DominoStep.chain). The torch step takes
+        each draft's columns as one new tensor: Dynamo guards the compiled step's inputs'
+        storage offsets, so views of fixed buffers at each depth's offset compiled it
+        again at every depth (CPU, Dynamo's eager backend, 2026-12-06h)."""
+        if self.kernel_step is not None:
+            return self.kernel_step.chain(anchors)
         p = anchors.shape[0]
         req = torch.arange(p, device=anchors.device)
         token, parent = anchors, torch.full_like(req, self.zero_slot)
