@@ -98,6 +98,7 @@ def test_the_option_is_validated_and_defaults_per_device_and_drafter(
     monkeypatch.setattr("vllm_dominotree.speculative.CPU_DRAFT_VOCAB", 16)
     assert translate(user, on_cpu=True)[1]["draft_vocab"] == 16
     assert translate(user, on_cpu=False)[1]["draft_vocab"] == 0
+    assert translate({**user, "scorer": "chain"}, on_cpu=False)[1]["draft_vocab"] == 0
     write_ranking(ranked, torch.arange(V))  # every token ranked
     assert translate({**user, "draft_vocab": 12}, on_cpu=False)[1]["draft_vocab"] == 12
     # A preferred size that leaves no token out: the whole vocabulary, no gather.

@@ -49,6 +49,8 @@ def translate(
     try:
         if on_cpu:
             chosen.setdefault("budget", CPU_BUDGET)
+            if "draft_vocab" not in chosen:
+                chosen["draft_vocab"] = default_size(drafter, CPU_DRAFT_VOCAB, spec.vocab_size)
         elif chosen.get("scorer") == "chain":
             # vLLM's DFlash verifies the block's rows (its anchor and block - 1 drafts); a
             # Domino chain of the block's every draft verifies one row more, which cost
@@ -56,8 +58,6 @@ def translate(
             # benchmarks/results/h100_2026-12-06f/); with DFlash's rows, 3.98 against 3.98
             # (h100_2026-12-06h/). The cap: an accepted path of block - 1 drafts.
             chosen.setdefault("budget", spec.block_size - 1)
-            if "draft_vocab" not in chosen:
-                chosen["draft_vocab"] = default_size(drafter, CPU_DRAFT_VOCAB, spec.vocab_size)
         config = DominoTreeConfig.from_dict(chosen)
         if config.draft_vocab:
             draft_vocab_ids(drafter, config.draft_vocab, spec.vocab_size)
