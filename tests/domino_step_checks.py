@@ -219,6 +219,10 @@ def check_chain_equals_heap(seed: int, rows: int) -> None:
     fields = [(t.tokens, t.parents, t.depths, t.scores) for t in host]
     assert fields == [(t.tokens, t.parents, t.depths, t.scores) for t in chains]
     assert all(t.parents == list(range(-1, depth)) for t in chains)
+    # Drafted in place by the step's own chain (DominoStep.chain), not the torch step's
+    # per-draft columns: its path buffer holds the chains' tokens.
+    in_place = triton_step.kernel_step.chain_tokens[:, :rows].T.tolist()
+    assert in_place == [t.tokens for t in chains]
     reference = build_trees(torch_step, anchors, shape)
     assert [t.tokens for t in reference] == [t.tokens for t in chains]
     pairs = zip(reference, chains, strict=True)
