@@ -1,8 +1,8 @@
 """What one speculative round costs in vLLM: DominoTree against vLLM's own DFlash chain
 and plain decoding, on random weights of a real shape.
 
-    python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|tiny] \\
-        [--batches 1 4 16 64] \\
+    python benchmarks/round_cost_bench.py --out DIR [--shape qwen3-4b|qwen3-8b|tiny] \\
+        [--tensor-parallel-size 1] [--batches 1 4 16 64] \\
         [--methods ar dflash dflash-v1 chain marginal conditional chain-v2 conditional-v2] \\
         [--tokens 64] [--prompt-tokens 128] [--repeats 3] [--enforce-eager] [--no-split]
 
@@ -29,7 +29,8 @@ CUDA otherwise: 16, the chain 15, which verifies the 16 rows of vLLM's DFlash;
 `conditional-v2-vocab32768` or `chain-v2-m151936`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
-random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936) and the
+random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936; Qwen3-8B:
+hidden 4096, for --tensor-parallel-size 2 on two GPUs) and the
 drafters are random DFlash / Domino b16 checkpoints of the released shapes; a random
 drafter accepts next to nothing, so every round commits about one token. Per method and
 batch size, after a warm-up batch: ms per round = the batch's decode time (first to last
@@ -84,6 +85,18 @@ SHAPES = {
     "qwen3-4b": dict(
         hidden_size=2560,
         intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        draft_layers=5,
+        gru=1024,
+        emb=256,
+    ),
+    "qwen3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
         num_hidden_layers=36,
         num_attention_heads=32,
         num_key_value_heads=8,
@@ -217,7 +230,8 @@ PAPER_TAU = {
 
 
 def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
-    """Random target (HF folder), random Domino and DFlash drafters (released format)."""
+    """Random target (HF folder), random Domino and DFlash drafters (released format),
+    under root/shape."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from vllm_dominotree.drafter import read_spec
@@ -226,7 +240,8 @@ def write_models(root: Path, shape: str, device: str) -> dict[str, str]:
 
     sizes = dict(SHAPES[shape])
     layers, gru, emb = sizes.pop("draft_layers"), sizes.pop("gru"), sizes.pop("emb")
-    dirs = {name: root / name for name in ("target", "domino", "dflash")}
+    # A folder per shape: later calls on the machine reuse what is there.
+    dirs = {name: root / shape / name for name in ("target", "domino", "dflash")}
     if all((d / "config.json").is_file() for d in dirs.values()):
         write_random_ranking(dirs["domino"], sizes["vocab_size"])
         return {k: str(v) for k, v in dirs.items()}
@@ -375,9 +390,12 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
         # vLLM's JIT kernel warm-up only costs start-up time (~30 s on the H200).
         kernel_config={"enable_jit_warmup": False},
         worker_extension_cls="" if base in PLUGIN_METHODS else KERNEL_TRACE,
+        tensor_parallel_size=args.tensor_parallel_size,
         **variant,
     )
     start_s = time.perf_counter() - started
+    # What the engine was built with (every traced figure below is rank 0's).
+    tensor_parallel_size = llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
     vocab = SHAPES[args.shape]["vocab_size"]
     rows = []
     try:
@@ -394,6 +412,8 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
             row = {
                 "method": method,
                 "batch": batch,
+                "shape": args.shape,
+                "tensor_parallel_size": tensor_parallel_size,
                 "prompt_tokens": args.prompt_tokens,
                 "rounds": rounds,
                 "accept_length": (args.tokens - 1) / rounds,
@@ -587,7 +607,12 @@ def report(rows: list[dict], args) -> None:
         "",
         "; ".join(f"`{c}`" for c in dict.fromkeys(r.get("command", "") for r in rows))
         + f"; random {args.shape}-shaped target and drafters, "
-        f"prompts of {args.prompt_tokens} tokens, "
+        + (
+            f"tensor parallelism {args.tensor_parallel_size}, "
+            if args.tensor_parallel_size > 1
+            else ""
+        )
+        + f"prompts of {args.prompt_tokens} tokens, "
         f"{args.tokens} tokens per request, ms per round (verify .. rest: the stage "
         "clock's split, with syncs; graphs / eager launches / host waits per "
         "verification step from a traced pass).",
@@ -603,6 +628,21 @@ def report(rows: list[dict], args) -> None:
 
 
 MODELS = "models"  # the child that writes the random models
+# What one table holds one of (rows written before a field was recorded: its default).
+TABLE_KEYS = {"shape": "qwen3-4b", "tensor_parallel_size": 1, "prompt_tokens": 128}
+
+
+def check_one_table(rows: list[dict], args) -> None:
+    """Rows already under --out were measured on the shape, tensor parallelism and prompt
+    length asked for now: one table compares like with like."""
+    for key, default in TABLE_KEYS.items():
+        found = {row.get(key, default) for row in rows}
+        asked = getattr(args, key)
+        if found - {asked}:
+            raise SystemExit(
+                f"{args.out} holds rows measured with {key} {sorted(found)}, not {asked}: "
+                "one table has one of each; use another --out"
+            )
 
 
 def wait_for_idle_gpu(limit_s: float = 120.0) -> None:
@@ -622,6 +662,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape", choices=list(SHAPES), default="qwen3-4b")
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="every engine's (vLLM's tensor_parallel_size): that many GPUs",
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument(
         "--methods",
@@ -650,22 +696,18 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one == MODELS:  # a child process: the random models (on the GPU if any)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        (models / "dirs.json").write_text(json.dumps(write_models(models, args.shape, device)))
+        dirs = write_models(models, args.shape, device)
+        (models / args.shape / "dirs.json").write_text(json.dumps(dirs))
         return
     if args.one:  # a child process: one engine, its rows as JSON
-        dirs = json.loads((models / "dirs.json").read_text())
+        dirs = json.loads((models / args.shape / "dirs.json").read_text())
         rows = run_method(args.one, dirs, args)
         (args.out / f"rows-{args.one}.json").write_text(json.dumps(rows))
         return
     # This process never touches the GPU: every engine needs all of its memory, so the
     # models and each method get a process of their own, started once the last one's
     # engine has let go of the GPU.
-    lengths = {row.get("prompt_tokens", 128) for row in gathered_rows(args.out)}
-    if lengths - {args.prompt_tokens}:
-        raise SystemExit(
-            f"{args.out} holds rows measured with prompts of {sorted(lengths)} tokens, not "
-            f"{args.prompt_tokens}: one table has one prompt length; use another --out"
-        )
+    check_one_table(gathered_rows(args.out), args)
     started = time.perf_counter()
     for method in [MODELS, *args.methods]:
         env = dict(os.environ)

@@ -7,7 +7,9 @@
 #                     builder and engine tests, 21 jobs in one `parallel` phase), `suite
 #                     bf16` (the bf16 test's baselines and its 20 variants, which await
 #                     them, another phase) and `suite memory` (the memory-profiled
-#                     engine starts, alone on the GPU) -> $OUT/suite_PART.log
+#                     engine starts, alone on the GPU) -> $OUT/suite_PART.log; on two
+#                     GPUs `suite tp2` (tensor_parallel_size=2: float32 greedy for every
+#                     scorer, then the bf16 test's toy pair, each engine on both GPUs)
 #   bf16-variant ID   one variant of the bf16 test (`toy-chain`, `smollm2-conditional`,
 #                     ...), its baselines awaited from a sibling `tests ... -k baselines[toy]`
 #   tests [FILES]     python3 -m pytest over tests/gpu, the quick files first (with SmolLM2
@@ -19,7 +21,9 @@
 #   round-cost [ARGS] benchmarks/round_cost_bench.py (Qwen3-4B shape) -> $OUT/round_cost/: the
 #                     rows of every round-cost call on this machine in one table (two or
 #                     three methods fit a call: `--methods ar dflash`, then others);
-#                     with `--prompt-tokens N` -> $OUT/round_cost_pN/
+#                     with `--prompt-tokens N` -> $OUT/round_cost_pN/, `--shape S` ->
+#                     round_cost_S/, `--tensor-parallel-size N` (two GPUs or more) ->
+#                     round_cost_tpN/ (e.g. round_cost_qwen3-8b_tp2/)
 #   builder [ARGS]    benchmarks/builder_bench.py (the device builder against the host heap;
 #                     `--profile`: each device build's kernels) -> $OUT/builder/
 #   vocab-topk [ARGS] benchmarks/vocab_topk_bench.py (the per-depth top M: torch.topk
@@ -99,6 +103,22 @@ smollm2_target() {
     --gguf /tmp/smollm2.gguf
 }
 
+# Tensor parallelism on this machine: enough GPUs, NVLink multicast off as the device notes
+# require (a program that uses it can put the host's GPUs out of service), and vLLM's
+# symmetric-memory all-reduce off too (it rendezvouses over torch's symmetric memory, whose
+# multimem all-reduce is what multicast serves), so vLLM takes its custom all-reduce.
+tensor_parallel() {
+  local size=$1
+  local gpus
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  [ "$gpus" -ge "$size" ] ||
+    { echo "TP_GPUS: tensor parallelism $size needs $size GPUs, this machine has $gpus" >&2; exit 2; }
+  [ "${NCCL_NVLS_ENABLE:-}" = 0 ] && [ "${TORCH_SYMM_MEM_DISABLE_MULTICAST:-}" = 1 ] &&
+    [ "${NVSHMEM_DISABLE_NVLS:-}" = 1 ] ||
+    { echo "TP_MULTICAST: set NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1" >&2; exit 2; }
+  export VLLM_ALLREDUCE_USE_SYMM_MEM=0
+}
+
 # The earlier package of .before/ (scripts/before_tree.sh REV), installed once per machine;
 # it goes in place of this one on PYTHONPATH (not beside it: one plugin entry point).
 before_path() {
@@ -149,7 +169,7 @@ case $job in
     # memory profiler sizes, alone on the GPU (the parallel jobs' take fixed ones, and
     # the profiler needs the GPU to itself); 213 s on an H100. After `suite tests` in
     # the call that staged vLLM it did not fit (cut at 470 s, 2026-12-06h).
-    part=${1:?"suite tests | suite bf16 | suite memory"}
+    part=${1:?"suite tests | suite bf16 | suite memory | suite tp2"}
     if [ "$part" = memory ]; then
       rc=0
       GPU_JOBS_PARENT=1 bash "$0" tests tests/gpu/test_memory_profiled_start.py 2>&1 |
@@ -204,7 +224,22 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
           done
         done
         jobs+=("bf16-variant toy-v2-paths-conditional" "bf16-variant toy-v2-triton-conditional") ;;
-      *) echo "suite tests | suite bf16 | suite memory" >&2; exit 2 ;;
+      tp2)
+        # Every engine on both GPUs: fewer jobs at once than the one-GPU parts.
+        tensor_parallel 2
+        export DOMINOTREE_TP=2 DOMINOTREE_BF16_BASELINES=/tmp/bf16_baselines_tp2
+        rm -rf "$DOMINOTREE_BF16_BASELINES"
+        t=tests/gpu/test_tensor_parallel_gpu.py
+        jobs=(
+          "tests $t::test_the_target_alone_at_tp2_equals_tp1 $t::test_greedy_at_tp2_equals_the_target_alone_at_tp1[chain]"
+          "tests $t::test_greedy_at_tp2_equals_the_target_alone_at_tp1[conditional]"
+          "tests $t::test_greedy_at_tp2_equals_the_target_alone_at_tp1[marginal]"
+          "tests $b -k baselines[toy]"
+        )
+        for variant in chain marginal conditional v2-chain v2-conditional; do
+          jobs+=("bf16-variant toy-$variant")
+        done ;;
+      *) echo "suite tests | suite bf16 | suite memory | suite tp2" >&2; exit 2 ;;
     esac
     rc=0
     bash "$0" parallel "${jobs[@]}" || rc=1
@@ -251,11 +286,17 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
   round-cost)
     # One table over this machine's calls (/tmp/round_cost keeps every method's rows), a
     # copy of it in each call's $OUT; prompts of another length than 128 tokens
-    # (--prompt-tokens N) make a table of their own, /tmp/round_cost_pN.
+    # (--prompt-tokens N), another shape or tensor parallelism make a table of their own,
+    # /tmp/round_cost_pN, _SHAPE, _tpN.
     status=0
     table=/tmp/round_cost
     for ((i = 1; i < $#; i++)); do
-      if [ "${!i}" = --prompt-tokens ]; then j=$((i + 1)); table=/tmp/round_cost_p${!j}; fi
+      j=$((i + 1))
+      case ${!i} in
+        --prompt-tokens) table=${table}_p${!j} ;;
+        --shape) table=${table}_${!j} ;;
+        --tensor-parallel-size) table=${table}_tp${!j}; tensor_parallel "${!j}" ;;
+      esac
     done
     python3 benchmarks/round_cost_bench.py --out "$table" --models /tmp/rc_models "$@" \
       2>&1 | quiet | tee -a "$OUT/round_cost.log" || status=$?

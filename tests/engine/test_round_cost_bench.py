@@ -5,6 +5,7 @@ machine); what is checked is that each number comes from what ran."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -16,7 +17,9 @@ ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from round_cost_bench import (  # noqa: E402
     PAPER_TAU,
+    SHAPES,
     STEP_COUNTS,
+    check_one_table,
     check_variant_ran,
     gathered_rows,
     speculative_config,
@@ -70,6 +73,8 @@ def test_round_cost_bench_runs_every_method(tmp_path):
     for r in rows:
         base = split_variants(r["method"])[0]
         assert r["ms_per_round"] > 0 and r["prompt_tokens"] == PROMPT_TOKENS
+        # As the engine was built: one GPU (or CPU process), the shape asked for.
+        assert r["tensor_parallel_size"] == 1 and r["shape"] == "tiny"
         # One engine per method: its start is each of its rows' (seconds, not zero).
         assert r["engine_start_s"] > 1
         assert (
@@ -275,3 +280,26 @@ def test_verification_is_compared_with_dflashs_at_the_same_batch():
     assert verify_vs_dflash(rows[3], rows) == 6.0 / 5.0
     assert verify_vs_dflash(rows[4], rows) is None  # no dflash row at batch 4
     assert verify_vs_dflash(rows[5], rows) is None  # no verify stage traced (CPU)
+
+
+def test_one_table_holds_one_shape_tensor_parallelism_and_prompt_length(tmp_path):
+    """A call that would add rows of another shape, tensor parallelism or prompt length to
+    a table stops before any engine starts; rows from before a field was recorded count
+    as its default."""
+    args = argparse.Namespace(
+        out=tmp_path, shape="qwen3-8b", tensor_parallel_size=2, prompt_tokens=128
+    )
+    same = {"shape": "qwen3-8b", "tensor_parallel_size": 2, "prompt_tokens": 128}
+    check_one_table([same, same], args)
+    check_one_table([], args)
+    for key, other in (("shape", "qwen3-4b"), ("tensor_parallel_size", 1), ("prompt_tokens", 2048)):
+        with pytest.raises(SystemExit, match=f"{key} .*not {getattr(args, key)}"):
+            check_one_table([same, same | {key: other}], args)
+    with pytest.raises(SystemExit, match="shape"):
+        check_one_table([{"prompt_tokens": 128}], args)  # an older row: qwen3-4b at TP=1
+    # The Qwen3-8B shape that tensor parallelism is measured on (issue: 36 layers,
+    # hidden 4096, 32 heads, 8 KV heads, the whole Qwen3 vocabulary).
+    shape = SHAPES["qwen3-8b"]
+    assert (shape["num_hidden_layers"], shape["hidden_size"]) == (36, 4096)
+    assert (shape["num_attention_heads"], shape["num_key_value_heads"]) == (32, 8)
+    assert shape["vocab_size"] == 151936

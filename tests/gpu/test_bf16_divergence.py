@@ -13,6 +13,8 @@ token led it by less than a nat), which a wrong row would not be. Two pairs:
   DOMINOTREE_SMOLLM2 = a converted SmolLM2 folder (scripts/gpu_jobs.sh sets it).
 Like for like: DominoTree's budget is DFlash's draft count, so both verify the same
 number of rows per request and step (the same matmul shapes and kernel choices).
+DOMINOTREE_TP=N runs every engine (the baselines too) at tensor_parallel_size N
+(`scripts/gpu_jobs.sh suite tp2`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .sharing import engine_memory, run_engine, smollm2_prompts
 
 NUM_PROMPTS = 100
 MAX_TOKENS = 128
+TENSOR_PARALLEL = int(os.environ.get("DOMINOTREE_TP", "1"))
 
 
 def dflash_backbone_of(domino_dir: Path, out: Path) -> Path:
@@ -106,6 +109,7 @@ def generate(pair: dict, speculative_config, margins: bool = False, **engine):
         margins=margins,
         dtype="bfloat16",
         max_model_len=2048,
+        tensor_parallel_size=TENSOR_PARALLEL,
         **engine_memory(kv_gib=4),
         **engine,
     )
@@ -122,7 +126,8 @@ def baselines(pair) -> dict:
     saved = os.environ.get("DOMINOTREE_BF16_BASELINES")
     path = None
     if saved:
-        key = f"{pair['name']}-{len(pair['prompts'])}x{MAX_TOKENS}-margins"
+        tp = f"-tp{TENSOR_PARALLEL}" if TENSOR_PARALLEL > 1 else ""
+        key = f"{pair['name']}{tp}-{len(pair['prompts'])}x{MAX_TOKENS}-margins"
         path = Path(saved) / f"{key}.json"
         wait_s = float(os.environ.get("DOMINOTREE_BF16_BASELINES_WAIT_S", "0"))
         deadline = time.monotonic() + wait_s
