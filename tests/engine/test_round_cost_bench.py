@@ -236,14 +236,16 @@ def test_a_rows_trees_come_from_the_engines_report():
 
 
 def test_a_table_has_one_prompt_length(tmp_path):
-    """Rows of another prompt length in --out stop the bench before any engine starts,
-    naming both lengths and the fix (rows from before the option count as 128)."""
-    (tmp_path / "rows-dflash.json").write_text(json.dumps([{"method": "dflash", "batch": 1}]))
+    """Rows of another prompt length in --out stop the bench before any engine starts or
+    model is written, naming both lengths and the fix (rows from before the option count
+    as 128; other keys: the next test)."""
+    row = {"method": "dflash", "batch": 1, "shape": "tiny"}
+    (tmp_path / "rows-dflash.json").write_text(json.dumps([row]))
     command = [sys.executable, str(ROOT / "benchmarks" / "round_cost_bench.py")]
     command += ["--out", str(tmp_path), "--shape", "tiny", "--prompt-tokens", "2048"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode != 0
-    assert "prompts of [128] tokens, not 2048" in run.stderr and "another --out" in run.stderr
+    assert "prompt_tokens [128], not 2048" in run.stderr and "another --out" in run.stderr
     assert not (tmp_path / "models").exists()
 
 
