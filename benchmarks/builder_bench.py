@@ -3,7 +3,9 @@
     python benchmarks/builder_bench.py --out benchmarks/results [--device cuda]
 
 Random Domino head of the released Qwen3-4B b16 shapes (hidden 2560, vocab 151936,
-GRU 1024, rank 256, 16 drafts), random drafter outputs, conditional scorer. A round's
+GRU 1024, rank 256, 16 drafts), random drafter outputs, conditional scorer (`--scorers
+conditional chain`: also Domino's chain, one child per node, as the engine builds it;
+its budgets at most the 16 drafts, e.g. `--budgets 15`). A round's
 build time is prepare (per-depth top-M, gathers) + the build until every tree is full and
 back on the host, measured with device syncs. Per configuration it also checks that the
 device builder's trees are the host heap's (tokens, parents, float64 scores).
@@ -91,12 +93,20 @@ def measure_with(knobs: dict, *args) -> dict:
     return stats
 
 
-def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, profile):
-    """Both builders on the same inputs, with the scorer's `step` ("torch" or "triton")
-    -> {builder: stats}, trees equal (the device builder's kernels with `profile`)."""
-    shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
+def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, profile,
+            kind):  # fmt: skip
+    """Both builders on the same inputs, for the scorer `kind` ("conditional" or "chain")
+    with its `step` ("torch" or "triton") -> {builder: stats}, trees equal (the device
+    builder's kernels with `profile`)."""
+    chain = kind == "chain"
+    if chain:  # the engine's chain shape (config.py): a path of `budget` drafts
+        shape = TreeShape(budget=budget, max_depth=budget, max_children=1)
+    else:
+        shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
+    # The drafter's rows of the depths the shape reaches, as the engine hands them over.
+    inputs = [(h[:, : shape.max_depth], b[:, : shape.max_depth], a) for h, b, a in inputs]
     scorer = make_scorer(
-        "conditional",
+        kind,
         head,
         embed,
         shape=shape,
@@ -107,7 +117,7 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
         **({"kernels": True} if step == "triton" else {}),
     )
     assert getattr(scorer, "step", "torch") == step
-    builder = DeviceTreeBuilder(scorer, shape, chain=False, max_requests=batch, device=device)
+    builder = DeviceTreeBuilder(scorer, shape, chain=chain, max_requests=batch, device=device)
     if device.type == "cuda":
         builder.capture()
     build = {
@@ -136,10 +146,11 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
             "build_ms_p90": 1e3 * sorted(times)[int(0.9 * len(times))],
             "prepare_ms_median": 1e3 * statistics.median(prepare_times),
             "step": step,
+            "scorer": kind,
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
-            f"device trees differ from the host heap's: batch {batch}, "
+            f"device trees differ from the host heap's: {kind}, batch {batch}, "
             f"budget {budget}, M {candidates}"
         )
     if device.type == "cuda" and builder.counts.eager_builds:
@@ -162,7 +173,12 @@ def main() -> None:
     parser.add_argument("--gru-programs", type=int, nargs="+", default=[None])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[None])
     parser.add_argument("--profile", action="store_true", help="the build's kernels (CUDA)")
+    parser.add_argument(
+        "--scorers", nargs="+", default=["conditional"], choices=["conditional", "chain"]
+    )
     args = parser.parse_args()
+    if "chain" in args.scorers and max(args.budgets) > K:
+        parser.error(f"a chain drafts at most the drafter's {K} slots: --budgets <= {K}")
     device = torch.device(args.device)
     if args.profile and device.type != "cuda":
         parser.error("--profile lists GPU kernels: it needs --device cuda")
@@ -186,10 +202,10 @@ def main() -> None:
                 for g, t in itertools.product(args.gru_programs, args.table_rows)
             ]
             steps = [(s, k) for s in args.steps for k in (knobs if s == "triton" else [{}])]
-            for m, (step, knob) in itertools.product(args.candidates, steps):
+            for kind, m, (step, knob) in itertools.product(args.scorers, args.candidates, steps):
                 stats = measure_with(
                     knob, head, embed, device, batch, budget, m, args.rounds, inputs, step,
-                    args.profile,
+                    args.profile, kind,
                 )  # fmt: skip
                 for name in BUILDERS:
                     row = {
@@ -217,6 +233,7 @@ def main() -> None:
         "round. build = prepare (per-depth top-M and gathers) + the build, trees on the host.",
     ]
     header = [
+        "scorer",
         "batch",
         "budget",
         "M",
@@ -230,6 +247,7 @@ def main() -> None:
     ]
     table = [
         [
+            r["scorer"],
             r["batch"],
             r["budget"],
             r["candidates"],
@@ -248,7 +266,7 @@ def main() -> None:
         if "kernels" in r:
             outro += [
                 "",
-                f"Kernels per build: batch {r['batch']}, budget {r['budget']}, M "
+                f"Kernels per build: {r['scorer']}, batch {r['batch']}, budget {r['budget']}, M "
                 f"{r['candidates']}, {r['step']} step (calls, GPU us):",
                 "",
                 *(f"- {k['calls']:g} x `{k['kernel'][:90]}`: {k['us']:.1f}" for k in r["kernels"]),
