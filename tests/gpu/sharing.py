@@ -1,6 +1,18 @@
 """What every GPU test engine is given, so that test processes can share the GPU, and the
 one way the tests run an engine."""
 
+# The float32 toy pair's prompts (demo/toy_pair.py): lengths 1 to 39, repeats, runs.
+PROMPTS = [
+    [5],
+    [40, 41],
+    [5, 9, 12, 3],
+    list(range(10, 30)),
+    [i % 60 for i in range(3, 120, 3)],
+    [7] * 27,
+    [1, 2, 3, 4, 5, 6, 7],
+    [30, 31, 32, 33, 34, 35],
+]
+
 
 # Each engine takes a fixed KV cache instead of a share found by vLLM's memory profiler:
 # the profiler asserts that no other process frees GPU memory meanwhile, which breaks when

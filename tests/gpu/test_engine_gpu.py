@@ -16,18 +16,8 @@ import pytest
 from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 from vllm_dominotree.drafter.draft_vocab import write_ranking
 
-from .sharing import engine_memory, run_engine
+from .sharing import PROMPTS, engine_memory, run_engine
 
-PROMPTS = [
-    [5],
-    [40, 41],
-    [5, 9, 12, 3],
-    list(range(10, 30)),
-    [i % 60 for i in range(3, 120, 3)],
-    [7] * 27,
-    [1, 2, 3, 4, 5, 6, 7],
-    [30, 31, 32, 33, 34, 35],
-]
 # Long prompts beside short ones, with a small token budget per step: prefill chunks
 # share steps with other requests' trees (mixed batches run piecewise).
 MIXED = [*PROMPTS, [(7 * i) % 61 for i in range(150)], [(3 * i + 1) % 59 for i in range(200)]]

@@ -17,21 +17,10 @@ import torch
 
 from vllm_dominotree.demo.toy_pair import PairSpec, write_pair
 
-from .sharing import engine_memory, run_engine
+from .sharing import PROMPTS, engine_memory, run_engine
 
 if torch.cuda.device_count() < 2:
     pytest.skip("needs two GPUs (tensor_parallel_size=2)", allow_module_level=True)
-
-PROMPTS = [
-    [5],
-    [40, 41],
-    [5, 9, 12, 3],
-    list(range(10, 30)),
-    [i % 60 for i in range(3, 120, 3)],
-    [7] * 27,
-    [1, 2, 3, 4, 5, 6, 7],
-    [30, 31, 32, 33, 34, 35],
-]
 
 
 @pytest.fixture(scope="module")
