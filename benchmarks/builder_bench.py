@@ -64,7 +64,7 @@ def build_kernels(builder, scorer, inputs, builds: int = 10) -> list[dict]:
             with record_function(LABEL_PREFIX + "build"):
                 builder.launch(anchors)
         torch.cuda.synchronize()
-    kernels = kernels_by_stage(prof.events(), top=15)[1].get("build", [])
+    kernels = kernels_by_stage(prof.events(), top=30)[1].get("build", [])
     if not kernels:
         raise SystemExit("the profiler saw no kernel of the build")
     return [
