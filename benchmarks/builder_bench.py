@@ -33,10 +33,11 @@ from pathlib import Path
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
+from vllm_dominotree.config import DominoTreeConfig
 from vllm_dominotree.demo.toy_pair import random_domino_head
 from vllm_dominotree.engine.profiling import kernels_by_stage
 from vllm_dominotree.stage_clock import LABEL_PREFIX
-from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer
+from vllm_dominotree.tree import DeviceTreeBuilder, build_trees, make_scorer
 
 HIDDEN, VOCAB, GRU, RANK, K = 2560, 151936, 1024, 256, 16
 BUILDERS = ("device", "host heap")
@@ -99,10 +100,9 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
     with its `step` ("torch" or "triton") -> {builder: stats}, trees equal (the device
     builder's kernels with `profile`)."""
     chain = kind == "chain"
-    if chain:  # the engine's chain shape (config.py): a path of `budget` drafts
-        shape = TreeShape(budget=budget, max_depth=budget, max_children=1)
-    else:
-        shape = TreeShape(budget=budget, max_depth=K, max_children=budget)
+    # The shape the engine builds for these options (a chain: a path of `budget` drafts).
+    options = DominoTreeConfig(budget=budget, candidates=candidates, scorer=kind)
+    shape = options.tree_shape(num_drafts=K)
     # The drafter's rows of the depths the shape reaches, as the engine hands them over.
     inputs = [(h[:, : shape.max_depth], b[:, : shape.max_depth], a) for h, b, a in inputs]
     scorer = make_scorer(
@@ -147,6 +147,9 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
             "prepare_ms_median": 1e3 * statistics.median(prepare_times),
             "step": step,
             "scorer": kind,
+            # What the device builder was built as: the chain's unrolled path or the heap.
+            "tree_shape": [shape.budget, shape.max_depth, shape.max_children],
+            "builds_a_path": builder.chain,
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(

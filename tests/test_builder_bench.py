@@ -25,6 +25,11 @@ def test_the_chain_is_timed_beside_the_trees(tmp_path):
         ("conditional", "host heap"),
     ]
     assert all(r["trees_equal_host_heap"] and r["build_ms_median"] > 0 for r in rows)
+    # The engine's shapes (budget, depth, children) and builders: a path of 15, a tree.
+    assert [(r["tree_shape"], r["builds_a_path"]) for r in rows[::2]] == [
+        ([15, 15, 1], True),
+        ([15, 15, 15], False),
+    ]
     assert "| chain | 1 | 15 | 64 | device |" in (tmp_path / "builder_bench.md").read_text()
 
 
