@@ -46,7 +46,10 @@ def draw_targets(
 ) -> torch.Tensor:
     """The target's token at every logits row, [L] long: greedy, or drawn after the
     temperature, min_p, top-k and top-p (vLLM's order)."""
-    greedy = logits.argmax(dim=-1)
+    # The first maximal logit, as vLLM's sampler's argmax over float32 logits takes; max()
+    # rather than argmax(), whose CPU kernel over bfloat16 took 481 us for a step's 5 x
+    # 49,152 logits where max() took 85 (2-core AMD EPYC, AVX-512 BF16, 2026-12-07).
+    greedy = logits.max(dim=-1).indices
     if sampling_metadata.all_greedy:
         return greedy
     temperature = sampling_metadata.temperature[row_requests]
