@@ -3,8 +3,9 @@
 # before and after in the same device call (README: the H200 runbook):
 #   bash scripts/before_tree.sh REV
 # writes .before/ (ignored by git): the package, kernels and benchmarks at REV, without
-# the shipped drafter's weights and benchmarks/results (about 1.4 MiB). Carry it: [".gpu/bin", ".before"];
-# `bash scripts/gpu_jobs.sh round-cost-before ARGS` installs and measures it there.
+# the shipped drafter's weights and benchmarks/results (about 1.5 MiB). Carry it:
+# [".gpu/bin", ".before"]; `bash scripts/gpu_jobs.sh round-cost-before ARGS` installs and
+# measures it there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?usage: before_tree.sh REV}
