@@ -4,6 +4,7 @@ against the host walk it replaces (tree/acceptance.accept), on random trees."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from acceptance_cases import random_step
 from vllm_dominotree.engine.acceptance import (
     accept_trees,
     accepted_logprobs,
+    draw_targets,
     keyed_exponential,
     step_counters,
 )
@@ -129,3 +131,18 @@ def test_keyed_noise_is_a_function_of_seed_position_and_token():
     assert abs(noise.mean().item() - 1) < 0.02
     assert abs((noise > 1).double().mean().item() - math.exp(-1)) < 0.01
     assert abs(torch.corrcoef(noise[:3])[0, 1:].abs().max().item()) < 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_greedy_rows_take_the_first_maximal_logit_as_vllms_sampler(dtype):
+    """bfloat16 logits tie often; the greedy draw must take the first maximal index, as
+    vLLM's sampler's argmax over float32 logits does (the target alone's token)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(64, 4096) * 4).round().to(dtype)  # many ties at the maximum
+    logits[0, [7, 3000]] = 100.0  # an exact tie, the first at 7
+    rows = torch.arange(64)
+    greedy = SimpleNamespace(all_greedy=True)
+    drawn = draw_targets(logits, rows, [(i, i + 1) for i in range(64)], rows, greedy)
+    assert drawn[0] == 7
+    assert torch.equal(drawn, logits.float().argmax(dim=-1))
+    assert (logits == logits.max(dim=-1, keepdim=True).values).sum(-1).gt(1).any()  # ties
