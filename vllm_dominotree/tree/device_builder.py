@@ -117,6 +117,7 @@ class DeviceTreeBuilder:
         # slots' ancestry are one function each.
         self._start = compiled(self._start_rows, device)
         self._describe = compiled(describe_slots, device)
+        self._file_chain = compiled(self._file_chain_rows, device)
         # The pop's bookkeeping is one compiled function; the scorer's step is its own
         # (tree/scorers.py). Not one function for both: Inductor fused the torch step
         # with the pop's argmin into a reduction that Triton 3.x on the H200 failed to
@@ -256,10 +257,17 @@ class DeviceTreeBuilder:
         return node, parent, anchors, node, torch.ones_like(anchors, dtype=torch.bool)
 
     def _grow_chain(self, p: int) -> None:
-        """The chain: the scorer's unrolled decoder, one block."""
+        """The chain: the scorer's unrolled decoder, one block, filed as a tree."""
         anchors = self.anchors[:p]
         drafts, logprobs = self.scorer.chain(anchors)  # [p, K] each
-        k = drafts.shape[1]
+        self._file_chain(anchors, drafts, logprobs)
+        self._finish(p)
+
+    def _file_chain_rows(self, anchors, drafts, logprobs):
+        """The chain's K drafts ([p, K] tokens and float64 log-probs) into the slots
+        (compiled on CUDA: one kernel where the running score alone was K float64 adds,
+        17 us a build on the H100, 2026-12-07; Inductor keeps the sums in order)."""
+        p, k = drafts.shape
         scores = [torch.zeros_like(logprobs[:, 0])]
         for d in range(k):  # sequential float64 sums, as the heap's
             scores.append(scores[-1] + logprobs[:, d])
@@ -271,7 +279,6 @@ class DeviceTreeBuilder:
         self.depths[:p, : k + 1] = torch.arange(k + 1, device=self.device)
         self.scores[:p] = 0
         self.scores[:p, : k + 1] = torch.stack(scores, 1)
-        self._finish(p)
 
     def _finish(self, p: int) -> None:
         """The built slots into the verification table."""
