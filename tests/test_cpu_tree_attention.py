@@ -59,6 +59,17 @@ def test_each_fixed_row_is_asked_once_by_the_first_path_through_it():
     assert paths.kv_slots.tolist() == slots
 
 
+def test_one_pass_asks_every_row_once_the_root_by_the_first_path():
+    parents = [-1, 0, 0, 1, 2]
+    ancestors, needs_fix = bits_and_fixes(parents)
+    tree = TreeRows(0, 3, 3, 70, len(parents), 0)
+    table = torch.tensor([11, 12, 13, 14], dtype=torch.int32)
+    paths = path_batch([(tree, needs_fix, ancestors, table)], 32, every_row=True)
+    assert (paths.query_rows - 3).tolist() == [0, 1, 3, 2, 4]
+    assert paths.query_start_loc.tolist() == [0, 3, 5]
+    assert (paths.kv_rows - 3).tolist() == [1, 3, 2, 4]  # the root's K/V is in its block
+
+
 def test_no_path_requests_for_chains():
     parents = [-1, 0, 1, 2]
     ancestors, needs_fix = bits_and_fixes(parents)
@@ -71,8 +82,11 @@ def random_parents(n, gen):
     return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
 
 
+@pytest.mark.parametrize("every_row", [False, True], ids=["fixed-rows", "one-pass"])
 @pytest.mark.parametrize("isa,dtype,block_size", LAYOUTS)
-def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
+def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size, every_row):
+    """The rows that need fixing, or in one pass (no stock pass) every tree row, each
+    computed once, against the dense reference; the other rows are not written."""
     heads, kv_heads, dim, num_blocks, scale = 6, 2, 64, 40, 0.125
     impl = SimpleNamespace(
         num_heads=heads, num_kv_heads=kv_heads, head_size=dim, scale=scale, kv_cache_dtype="auto"
@@ -107,7 +121,8 @@ def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
     for t, parents in zip(trees, tree_parents, strict=True):
         ancestors, needs_fix = bits_and_fixes(parents)
         described.append((t, needs_fix, ancestors, tables[t.batch_index]))
-    paths = path_batch(described, block_size)
+    paths = path_batch(described, block_size, every_row)
+    assert len(set(paths.query_rows.tolist())) == len(paths.query_rows)  # each row once
     output = torch.full((tokens, heads * dim), 7.0, dtype=dtype)
     recompute_rows(impl, isa, query, key, value, kv_cache, output, paths)
     assert torch.equal(kv_cache, before)  # path requests run on a scratch copy
@@ -116,19 +131,20 @@ def test_tree_rows_see_the_prefix_and_their_ancestors(isa, dtype, block_size):
     fixed[paths.query_rows] = True
     for t, parents, (keys, values) in zip(trees, tree_parents, sequences, strict=True):
         _, needs_fix = bits_and_fixes(parents)
-        assert fixed[t.token_row : t.token_row + t.num_rows].tolist() == needs_fix.tolist()
+        wanted = np.ones_like(needs_fix) if every_row else needs_fix
+        assert fixed[t.token_row : t.token_row + t.num_rows].tolist() == wanted.tolist()
         sees = torch.ones(t.num_rows, t.start + t.num_rows, dtype=torch.bool)
         sees[:, t.start :] = ancestor_mask(parents)
         group = heads // kv_heads
         k = keys.float().repeat_interleave(group, 1)  # [length, heads, D]
         v = values.float().repeat_interleave(group, 1)
-        for i in np.nonzero(needs_fix)[0]:
+        for i in np.nonzero(wanted)[0]:
             row = t.token_row + i
             scores = torch.einsum("hd,thd->ht", query[row].float(), k) * scale
             scores[:, ~sees[i]] = float("-inf")
             expected = torch.einsum("ht,thd->hd", scores.softmax(-1), v).reshape(-1)
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(output[row].float(), expected, atol=tol, rtol=tol)
-    # Rows whose causal output was already right (root, chain prefixes, other requests)
-    # are not touched.
-    assert fixed.sum() > 0 and (output[~fixed] == 7.0).all()
+    # Rows whose causal output was already right (root, chain prefixes) unless in one
+    # pass, and rows of other requests (row 0), are not touched.
+    assert fixed.sum() > 0 and (output[~fixed] == 7.0).all() and not fixed[0]

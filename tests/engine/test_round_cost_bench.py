@@ -95,7 +95,9 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             # a chain has one leaf; trees at least one (a tree may be a chain)
             assert r["mean_leaves"] == 1 if base == "chain" else r["mean_leaves"] >= 1, r
             # What the engine ran, as its stats name it: no variant passes unseen.
-            assert r["tree_attention"] == "cpu" and r["one_pass_share"] == 0
+            # CPU: one pass where a step's trees branch (a chain never does).
+            assert r["tree_attention"] == "cpu", r
+            assert r["one_pass_share"] == 0 if base == "chain" else r["one_pass_share"] > 0, r
             assert r["scorer_step"] == ("table" if base == "marginal" else "torch"), r
             split = r["profiled_ms"]
             assert set(split) == {"prepare", "verify", "accept", "draft", "build", "rest"}

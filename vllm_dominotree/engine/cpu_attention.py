@@ -1,13 +1,19 @@
 """Tree verification on CPU (the CPU_ATTN backend, vLLM 0.32).
 
-vLLM's kernel runs first over every row, causally: right for the roots, for chains and
-for every row outside trees, and it writes every row's K/V into its linear slot. The rows
-whose ancestor set is not their causal prefix (`needs_fix`) are then computed again by
-the same kernel, over path requests: one per root-to-leaf path that holds such rows, its
-sequence the request's prefix followed by the path's rows (root first), so the kernel's
-causal attention over it is the ancestor-only attention of the path's rows. A path
-request's queries are its fixed rows that no earlier path took: a suffix of the path,
-since a fixed row's descendants are fixed and two paths share a prefix.
+vLLM writes every row's K/V into its linear slot before attention. Its kernel then runs
+over every row, causally: right for the roots, for chains and for every row outside
+trees. The rows whose ancestor set is not their causal prefix (`needs_fix`) are computed
+again by the same kernel, over path requests: one per root-to-leaf path that holds such
+rows, its sequence the request's prefix followed by the path's rows (root first), so the
+kernel's causal attention over it is the ancestor-only attention of the path's rows. A
+path request's queries are its fixed rows that no earlier path took: a suffix of the
+path, since a fixed row's descendants are fixed and two paths share a prefix.
+
+A step whose requests are all trees, some row to fix (the runner's `every_row`: single
+requests decoding, the usual CPU step), skips vLLM's pass: its path requests take every
+row, each once (the rows no earlier path took: again a suffix). vLLM's pass cost about
+30 us a layer there, as much as the path requests' kernel call (the shipped SmolLM2
+pair, budget 4, bf16, a 2-core AMD EPYC, 2026-12-07).
 
 The kernel reads one cache tensor, so per layer the path requests run on a scratch copy
 of the blocks they read (whole blocks, so the cache's layout, which differs between
@@ -33,6 +39,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 
 from .backend_support import TREE_LACKS, check_supported
 from .commit import captured_kv
+from .tree_paths import split_into_paths
 from .tree_step import TreeRows, installed
 
 
@@ -88,10 +95,12 @@ class PathBatch:
 def path_batch(
     trees: list[tuple[TreeRows, np.ndarray, np.ndarray, torch.Tensor]],
     block_size: int,
+    every_row: bool = False,
 ) -> PathBatch | None:
     """trees: per tree (its rows, needs_fix [n] bool, ancestor bits [n] int64 as in
     tree_step.py: bit j - 1 is row j, the root implied, and the request's block table
-    row). None when no row needs recomputing."""
+    row). The path requests' queries are the rows that need fixing, or with `every_row`
+    every row. None when no row is wanted."""
     sources: list[int] = []
     tables: list[list[int]] = []
     seq_lens: list[int] = []
@@ -100,32 +109,23 @@ def path_batch(
     kv_rows: list[int] = []
     kv_slots: list[int] = []
     for tree, needs_fix, ancestors, block_table in trees:
-        if not needs_fix.any():
+        splits = split_into_paths(ancestors, needs_fix, every_row)
+        if not splits:
             continue
-        n, start = tree.num_rows, tree.start
+        start = tree.start
         first_block = start // block_size  # the block holding the root's position
         table = block_table.tolist()
         shared = list(range(len(sources), len(sources) + first_block))
         sources += table[:first_block]
-        bits = (ancestors[:, None] >> np.arange(n - 1)[None, :]) & 1  # [n, n - 1]: row j + 1
-        has_child = bits.sum(0) > 1  # an ancestor of some row besides itself
-        taken = np.zeros(n, dtype=bool)
-        for leaf in range(1, n):
-            if has_child[leaf - 1]:
-                continue
-            path = [0, *(np.nonzero(bits[leaf])[0] + 1).tolist()]
-            queries = [r for r in path if needs_fix[r] and not taken[r]]
-            if not queries:
-                continue
-            assert queries == path[-len(queries) :], "fixed rows not a suffix of the path"
-            taken[queries] = True
-            length = start + len(path)
+        for path, owned in splits:
+            rows = [0, *path]  # the root, then depth 1 .. the leaf
+            length = start + len(rows)
             own = list(
                 range(len(sources), len(sources) + (length - 1) // block_size + 1 - first_block)
             )
             sources += table[first_block : first_block + len(own)]
             scratch = shared + own
-            for i, row in enumerate(path[1:], 1):
+            for i, row in enumerate(path, 1):
                 position = start + i
                 kv_rows.append(tree.token_row + row)
                 kv_slots.append(
@@ -133,7 +133,7 @@ def path_batch(
                 )
             tables.append(scratch)
             seq_lens.append(length)
-            query_rows += [tree.token_row + r for r in queries]
+            query_rows += [tree.token_row + r for r in rows[len(rows) - owned :]]
             query_starts.append(len(query_rows))
     if not tables:
         return None
@@ -193,23 +193,32 @@ _step_paths: dict = {"step": None}
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
-        out = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
         verification = installed()
         step = verification.step if verification is not None else None
         if step is None or attn_metadata is None or layer.layer_name not in verification.layers:
-            return out
+            return super().forward(
+                layer, query, key, value, kv_cache, attn_metadata, output, **kwargs
+            )
         check_supported(self, TREE_LACKS, "CPU")
         rows = step.num_tokens
         captured_kv[layer.layer_name] = (key[:rows].clone(), value[:rows].clone())
-        if not step.any_fix:
-            return out
-        paths = self._paths(verification, attn_metadata, kv_cache.shape[2])
+        one_pass = verification.every_row  # the runner's choice for this step
+        if one_pass and attn_metadata.num_actual_tokens != rows:
+            raise AssertionError(f"dominotree: one pass over {rows} tree rows, the forward has "
+                                 f"{attn_metadata.num_actual_tokens}")  # fmt: skip
+        if not one_pass:
+            super().forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
+            if not step.any_fix:
+                return output
+        paths = self._paths(verification, attn_metadata, kv_cache.shape[2], one_pass)
         if paths is not None:
             recompute_rows(self, layer.isa, query, key, value, kv_cache, output, paths)
-        return out
+        return output
 
     @staticmethod
-    def _paths(verification, md, block_size: int) -> PathBatch | None:
+    def _paths(verification, md, block_size: int, every_row: bool) -> PathBatch | None:
+        """The step's path requests for the layers of md's KV cache group (the same for
+        every layer of the step: built once)."""
         step = verification.step
         if _step_paths["step"] is not step:
             _step_paths.clear()
@@ -221,7 +230,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             for t in step.trees:
                 rows = slice(t.token_row, t.token_row + t.num_rows)
                 trees.append((t, needs_fix[rows], ancestors[rows], md.block_table[t.batch_index]))
-            _step_paths[id(md)] = path_batch(trees, block_size)
+            _step_paths[id(md)] = path_batch(trees, block_size, every_row)
         return _step_paths[id(md)]
 
 

@@ -119,6 +119,7 @@ class DominoTreeRunnerMixin:
         target = forward_context[min(self._target_layers)]
         cuda = self.device.type == "cuda"
         self._stats.tree_attention = "cpu"
+        self._verification.one_pass = not cuda  # CPU: cpu_attention.py's one pass
         if cuda:
             self._stats.tree_attention = tree_attention_setup.configure(
                 self._verification,
@@ -171,7 +172,12 @@ class DominoTreeRunnerMixin:
         requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths, one-pass), built
         on the device from the step's description: no wait for the trees."""
         trees = step.trees if step is not None else []
-        choice = self._verification.begin_step(len(trees), self._all_trees(step), self.positions)
+        fixes_rows = self.device.type == "cuda" or (
+            step is not None and self._tree_buffers.host_fixes_rows(step.num_tokens)
+        )
+        choice = self._verification.begin_step(
+            len(trees), self._all_trees(step), self.positions, fixes_rows
+        )
         self._stats.one_pass_steps += choice.every_row
         if not choice.builds_paths:
             return
@@ -330,6 +336,7 @@ class DominoTreeRunnerMixin:
         verification = self._verification
         if (
             verification.one_pass
+            and self.device.type == "cuda"  # FULL graphs
             and kwargs.get("force_uniform_decode") is None  # a step, not a capture
             and not verification.every_row
             and self._is_uniform_decode(

@@ -272,6 +272,12 @@ class TreeStepBuffers:
     def token_offset(self) -> torch.Tensor:
         return self.device_rows[_TOKEN_OFFSET]
 
+    def host_fixes_rows(self, num_tokens: int) -> bool:
+        """Whether some of a step's num_tokens rows needs fixing, read where the buffers
+        are host memory (CPU; on CUDA this would wait for the device)."""
+        assert self.device_rows.device.type == "cpu", "the step's description is on the GPU"
+        return bool(self.device_rows[_TOKEN_NEEDS_FIX, :num_tokens].any())
+
 
 @dataclass
 class TreeVerification:
@@ -285,10 +291,11 @@ class TreeVerification:
     step: TreeStep | None = None
     # CUDA, DOMINOTREE_CUDA_TREE_ATTENTION=paths: the step's path requests (tree_paths.py).
     paths: PathTables | None = None
-    # One pass ("one-pass", "one-pass-fixup"): a step whose requests are all trees skips
-    # the stock pass in the target's layers, every row recomputed (by the path requests
-    # or the fix-up's kernel, whose `needs_fix` is then `all_rows`). every_row: this
-    # forward is such a step (set by the runner for its forward, cleared after it).
+    # One pass ("one-pass", "one-pass-fixup"; on CPU always): a step whose requests are
+    # all trees skips the stock pass in the target's layers, every row recomputed (by
+    # the path requests or the fix-up's kernel, whose `needs_fix` is then `all_rows`).
+    # every_row: this forward is such a step (set by the runner for its forward, cleared
+    # after it).
     one_pass: bool = False
     every_row: bool = False
     all_rows: torch.Tensor | None = None
@@ -321,12 +328,17 @@ class TreeVerification:
         self.prefix_lens.zero_()
         self.prefix_lens.index_copy_(0, batch_rows, positions[root_rows].to(torch.int32))
 
-    def begin_step(self, num_trees: int, all_trees: bool, positions: torch.Tensor) -> StepChoice:
+    def begin_step(
+        self, num_trees: int, all_trees: bool, positions: torch.Tensor, fixes_rows: bool = True
+    ) -> StepChoice:
         """A step's tree attention, chosen by the runner before its forward: one pass
-        where its requests are all trees (`every_row`, the merged mode's prefixes
-        published), and whether the step's path requests are built: they verify it
-        unless it is a one-pass step of the merged mode."""
-        every_row = self.one_pass and all_trees
+        where its requests are all trees and some row needs fixing (`every_row`, the
+        merged mode's prefixes published), and whether the step's path requests are
+        built: they verify it unless it is a one-pass step of the merged mode.
+        fixes_rows: the CPU runners read it (TreeStepBuffers.host_fixes_rows: without a
+        row to fix, vLLM's pass alone is right there and cheaper than path requests); on
+        CUDA it is on the device and one pass does not ask."""
+        every_row = self.one_pass and all_trees and fixes_rows
         self.every_row = every_row
         if every_row and self.merge:
             self.publish_prefixes(num_trees, positions)

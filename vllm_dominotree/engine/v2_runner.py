@@ -100,6 +100,7 @@ class DominoTreeV2RunnerMixin:
             self._tree_buffers, self._target_layers, speculator.shape.budget + 1
         )
         self.tree_attention = "cpu"
+        self._verification.one_pass = self.device.type == "cpu"  # cpu_attention.py's one pass
         if self.device.type == "cuda":
             budget = speculator.shape.budget
             self.tree_attention = tree_attention_setup.configure(
@@ -240,7 +241,13 @@ class DominoTreeV2RunnerMixin:
                 trees = self._step.trees if self._step is not None else []
                 # One pass: a step whose requests are all trees skips the stock pass.
                 all_trees = 0 < len(trees) == input_batch.num_reqs
-                choice = self._verification.begin_step(len(trees), all_trees, input_batch.positions)
+                fixes_rows = self.device.type == "cuda" or (
+                    self._step is not None
+                    and self._tree_buffers.host_fixes_rows(self._step.num_tokens)
+                )
+                choice = self._verification.begin_step(
+                    len(trees), all_trees, input_batch.positions, fixes_rows
+                )
                 self._stats.one_pass_steps += choice.every_row
                 if choice.builds_paths:
                     self._build_paths(
