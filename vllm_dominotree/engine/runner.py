@@ -172,9 +172,7 @@ class DominoTreeRunnerMixin:
         requests into the tables (DOMINOTREE_CUDA_TREE_ATTENTION=paths, one-pass), built
         on the device from the step's description: no wait for the trees."""
         trees = step.trees if step is not None else []
-        fixes_rows = self.device.type == "cuda" or (
-            step is not None and self._tree_buffers.host_fixes_rows(step.num_tokens)
-        )
+        fixes_rows = self._tree_buffers.may_fix_rows(step)
         choice = self._verification.begin_step(
             len(trees), self._all_trees(step), self.positions, fixes_rows
         )

@@ -272,11 +272,15 @@ class TreeStepBuffers:
     def token_offset(self) -> torch.Tensor:
         return self.device_rows[_TOKEN_OFFSET]
 
-    def host_fixes_rows(self, num_tokens: int) -> bool:
-        """Whether some of a step's num_tokens rows needs fixing, read where the buffers
-        are host memory (CPU; on CUDA this would wait for the device)."""
-        assert self.device_rows.device.type == "cpu", "the step's description is on the GPU"
-        return bool(self.device_rows[_TOKEN_NEEDS_FIX, :num_tokens].any())
+    def may_fix_rows(self, step: TreeStep | None) -> bool:
+        """Whether some row of the published step may need fixing: on CPU read here (the
+        buffers are host memory); on CUDA that is on the device, and taken as yes (a read
+        would wait for the GPU)."""
+        if step is None:
+            return False
+        if self.device_rows.device.type != "cpu":
+            return True
+        return bool(self.device_rows[_TOKEN_NEEDS_FIX, : step.num_tokens].any())
 
 
 @dataclass
@@ -335,9 +339,8 @@ class TreeVerification:
         where its requests are all trees and some row needs fixing (`every_row`, the
         merged mode's prefixes published), and whether the step's path requests are
         built: they verify it unless it is a one-pass step of the merged mode.
-        fixes_rows: the CPU runners read it (TreeStepBuffers.host_fixes_rows: without a
-        row to fix, vLLM's pass alone is right there and cheaper than path requests); on
-        CUDA it is on the device and one pass does not ask."""
+        fixes_rows: TreeStepBuffers.may_fix_rows (on CPU, without a row to fix, vLLM's
+        pass alone is right and cheaper than path requests)."""
         every_row = self.one_pass and all_trees and fixes_rows
         self.every_row = every_row
         if every_row and self.merge:

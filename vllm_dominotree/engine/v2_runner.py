@@ -241,10 +241,7 @@ class DominoTreeV2RunnerMixin:
                 trees = self._step.trees if self._step is not None else []
                 # One pass: a step whose requests are all trees skips the stock pass.
                 all_trees = 0 < len(trees) == input_batch.num_reqs
-                fixes_rows = self.device.type == "cuda" or (
-                    self._step is not None
-                    and self._tree_buffers.host_fixes_rows(self._step.num_tokens)
-                )
+                fixes_rows = self._tree_buffers.may_fix_rows(self._step)
                 choice = self._verification.begin_step(
                     len(trees), all_trees, input_batch.positions, fixes_rows
                 )
