@@ -4,12 +4,14 @@ against the step's own."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from acceptance_cases import random_step, table_of
 
-from vllm_dominotree.engine.tree_step import TreeStepBuffers, TreeVerification
+from vllm_dominotree.engine.tree_step import TreeRows, TreeStepBuffers, TreeVerification
 from vllm_dominotree.tree.ancestry import tree_bits
+from vllm_dominotree.tree.builder import DraftTree
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -17,6 +19,7 @@ def test_every_tree_row_is_described_from_its_tree(seed):
     buffers = TreeStepBuffers(128, torch.device("cpu"))
     step, host, _, _, _ = random_step(seed, buffers=buffers)
     trees = dict(host)
+    fixes = False
     for t in step.trees:
         tree = trees[t.batch_index]
         n = tree.num_nodes
@@ -37,6 +40,9 @@ def test_every_tree_row_is_described_from_its_tree(seed):
         assert buffers.token_needs_fix[tok].tolist() == needs_fix.long().tolist() + [0] * (
             t.num_rows - n
         )
+        fixes |= bool(needs_fix.any())
+    # What a CPU runner's one-pass choice reads: some row of the step needs fixing.
+    assert buffers.may_fix_rows(step) == fixes and not buffers.may_fix_rows(None)
     # Per tree (what the path requests' build reads): its root row, rows, batch row.
     assert buffers.tree_rows(len(step.trees)).tolist() == [
         [t.token_row for t in step.trees],
@@ -84,3 +90,19 @@ def test_merged_attention_reads_each_roots_position_as_its_prefix(seed):
         want[t.batch_index] = positions[t.token_row]
     assert torch.equal(verification.prefix_lens, want)
     assert step.trees and (want[[t.batch_index for t in step.trees]] > 0).any()
+
+
+def test_a_step_of_chains_has_no_row_to_fix():
+    """A CPU runner takes one pass only where some row needs fixing (may_fix_rows): a
+    chain's rows see their causal prefix, a branching tree's second child does not."""
+    chain = DraftTree([5, 6, 7, 8], [-1, 0, 1, 2], [0, 1, 2, 3], [0.0, -1.0, -2.0, -3.0],
+                      [[1], [2], [3], []])  # fmt: skip
+    fork = DraftTree([5, 6, 7], [-1, 0, 0], [0, 1, 1], [0.0, -1.0, -2.0], [[1, 2], [], []])
+    for tree, fixes in ((chain, False), (fork, True)):
+        buffers = TreeStepBuffers(16, torch.device("cpu"))
+        rows = TreeRows(0, 0, 0, 100, tree.num_nodes, 0)
+        n = rows.num_rows
+        step = buffers.publish(
+            [rows], n, np.zeros(n, dtype=np.int64), [(0, n)], np.arange(n), table_of([tree])
+        )
+        assert buffers.may_fix_rows(step) == fixes
