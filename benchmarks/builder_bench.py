@@ -14,8 +14,7 @@ step, kernels/domino_step.py's launches) in one run; for the Triton step,
 `--gru-programs 256 512` the GRU launch's reduction split for that many programs
 (domino_step.GRU_PROGRAMS: more, shorter programs at small batches) and `--table-rows 0 2`
 the padded batches that take the GRU's input products from the candidates' table
-(domino_step.TABLE_ROWS; 0: none), and `--pdl 1 0` the node step's launches with and
-without programmatic dependent launch (DOMINOTREE_PDL), each set for its measurement.
+(domino_step.TABLE_ROWS; 0: none), each set for its measurement.
 `--profile` (CUDA) also lists the device build's kernels per build, calls and GPU
 microseconds, the largest first (which kernels a build's time is: the GRU's products or
 the small ones between them). Writes builder_bench.json and builder_bench.md.
@@ -26,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import platform
 import statistics
 import time
@@ -77,34 +75,20 @@ def build_kernels(builder, scorer, inputs, builds: int = 10) -> list[dict]:
 
 
 def measure_with(knobs: dict, *args) -> dict:
-    """measure(*args) with `knobs` (None: as they are) set for it and put back after:
-    domino_step's constants, and the DOMINOTREE_* environment switches the node step
-    reads when it is made; the rows say which values ran."""
+    """measure(*args) with domino_step's constants `knobs` (None: the module's value) set
+    for it and put back after; the rows say which values ran."""
     from vllm_dominotree.kernels import domino_step
 
-    def read(name):
-        if name.startswith("DOMINOTREE_"):
-            return os.environ.get(name)
-        return getattr(domino_step, name, None)
-
-    def write(name, value):
-        if not name.startswith("DOMINOTREE_"):
-            setattr(domino_step, name, value)
-        elif value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-    kept = {name: read(name) for name in knobs}
+    kept = {name: getattr(domino_step, name, None) for name in knobs}
     try:
         for name, value in knobs.items():
             if value is not None:
-                write(name, value)
-        ran = {name: read(name) for name in knobs}
+                setattr(domino_step, name, value)
+        ran = {name: getattr(domino_step, name, None) for name in knobs}
         stats = measure(*args)
     finally:
         for name, value in kept.items():
-            write(name, value)
+            setattr(domino_step, name, value)
     for row in stats.values():
         row["knobs"] = ran
     return stats
@@ -166,8 +150,6 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
             # What the device builder was built as: the chain's unrolled path or the heap.
             "tree_shape": [shape.budget, shape.max_depth, shape.max_children],
             "builds_a_path": builder.chain,
-            # Whether the Triton step's launches took programmatic dependent launch.
-            "dependent_launch": getattr(scorer.kernel_step, "pdl", False),
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
@@ -193,7 +175,6 @@ def main() -> None:
     parser.add_argument("--steps", nargs="+", default=["torch"], choices=["torch", "triton"])
     parser.add_argument("--gru-programs", type=int, nargs="+", default=[None])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[None])
-    parser.add_argument("--pdl", nargs="+", default=[None], choices=["0", "1"])
     parser.add_argument("--profile", action="store_true", help="the build's kernels (CUDA)")
     parser.add_argument(
         "--scorers", nargs="+", default=["conditional"], choices=["conditional", "chain"]
@@ -220,8 +201,8 @@ def main() -> None:
             inputs.append((hidden, base, anchors))
         for budget in args.budgets:
             knobs = [
-                {"GRU_PROGRAMS": g, "TABLE_ROWS": t, "DOMINOTREE_PDL": pdl}
-                for g, t, pdl in itertools.product(args.gru_programs, args.table_rows, args.pdl)
+                {"GRU_PROGRAMS": g, "TABLE_ROWS": t}
+                for g, t in itertools.product(args.gru_programs, args.table_rows)
             ]
             steps = [(s, k) for s in args.steps for k in (knobs if s == "triton" else [{}])]
             for kind, m, (step, knob) in itertools.product(args.scorers, args.candidates, steps):
@@ -262,7 +243,6 @@ def main() -> None:
         "builder",
         "node step",
         "GRU programs, table rows",
-        "dependent launch",
         "build ms (median)",
         "p90",
         "prepare ms",
@@ -276,11 +256,7 @@ def main() -> None:
             r["candidates"],
             r["builder"],
             r["step"],
-            ", ".join(
-                str(v) for k, v in r["knobs"].items() if v is not None and k != "DOMINOTREE_PDL"
-            )
-            or "-",
-            "on" if r["dependent_launch"] else "off",
+            ", ".join(str(v) for v in r["knobs"].values() if v is not None) or "-",
             f"{r['build_ms_median']:.3f}",
             f"{r['build_ms_p90']:.3f}",
             f"{r['prepare_ms_median']:.3f}",

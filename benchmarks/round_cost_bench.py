@@ -131,7 +131,6 @@ VARIANTS = {
     "-torch-step": ({}, {"DOMINOTREE_NODE_STEP": "torch"}),
     "-accept-torch": ({}, {"DOMINOTREE_ACCEPT_KERNEL": "torch"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
-    "-no-pdl": ({}, {"DOMINOTREE_PDL": "0"}),
 }
 
 
@@ -143,7 +142,6 @@ VARIANT_STATS = {
     "DOMINOTREE_ACCEPT_KERNEL": "accept_kernel",
     "DOMINOTREE_CUDA_TREE_ATTENTION": "tree_attention",
     "DOMINOTREE_PATH_SPLITS": "path_splits",
-    "DOMINOTREE_PDL": "dependent_launch",
 }
 
 

@@ -24,11 +24,6 @@ builder's bookkeeping rides in the last:
   took C rounds of argmax: 2.2 and 8.4 us a pop at batch 1 on the H200,
   benchmarks/results/h200_2026-12-03e; u was a launch of its own until 2026-12-05d.)
 
-On Hopper and later GPUs both launch with programmatic dependent launch
-(config.dependent_launch): a launch is resident before the one it follows ends, and
-waits for it (`griddepcontrol.wait`) before its first read, so the gap between two
-dependent launches of a pop is not paid in full.
-
 Every product accumulates in float32 (IEEE for float32 drafters, where tensor cores
 would round to TF32). A row's arithmetic does not depend on the other rows, and both
 builders (the device builder and the host heap, tree/builder.py) call these same
@@ -44,7 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import dependent_launch
 from .tree_pop import file_and_pop
 
 ROWS_BLOCK = 16  # rows per program of the two products (tensor-core tiles: >= 16)
@@ -64,17 +58,6 @@ E_BLOCK = 64  # correction-rank entries per step of a row's candidate products
 # should cost less than the table, which grows with the rows (an estimate from bytes and
 # FLOPs, docs/fused-build.md; `builder_bench.py --table-rows` measures it).
 TABLE_ROWS = 2
-
-
-@triton.jit
-def _follow_launch(PDL: tl.constexpr):
-    """Under programmatic dependent launch: wait until the launch before this one has
-    finished and its writes are visible, then let the next launch start (it waits in
-    turn), so that its launch overlaps this one's work. Nothing is read before the wait:
-    every input of a pop may be the last launch's output."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -177,7 +160,7 @@ def _gru_step(
     H: tl.constexpr, G: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     PRECISION: tl.constexpr, ROWS: tl.constexpr, UNITS: tl.constexpr, K: tl.constexpr,
     SPLITS: tl.constexpr, H_SPLIT: tl.constexpr, G_SPLIT: tl.constexpr,
-    M: tl.constexpr, M_PAD: tl.constexpr, FROM_TABLE: tl.constexpr, PDL: tl.constexpr,
+    M: tl.constexpr, M_PAD: tl.constexpr, FROM_TABLE: tl.constexpr,
 ):  # fmt: skip
     """Program (unit block, split, row block): the six products over the split's share
     of both reductions (H_SPLIT input columns, G_SPLIT state columns). With one split it
@@ -185,7 +168,6 @@ def _gru_step(
     of the unit block's splits to finish sums them in split order (the same sums on
     every launch: the builders' trees stay bit-identical) and applies the gates. Whoever
     applies the gates also stores the block's share of the correction's input."""
-    _follow_launch(PDL)
     unit_block = tl.program_id(0)
     split = tl.program_id(1)
     p = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
@@ -331,7 +313,7 @@ def _children(
     width, budget, max_depth, state_scratch,
     E: tl.constexpr, E_PAD: tl.constexpr, UNIT_BLOCKS: tl.constexpr, M: tl.constexpr,
     C: tl.constexpr, M_PAD: tl.constexpr, C_PAD: tl.constexpr, E_STEP: tl.constexpr,
-    POP: tl.constexpr, WIDTH: tl.constexpr, PDL: tl.constexpr,
+    POP: tl.constexpr, WIDTH: tl.constexpr,
 ):  # fmt: skip
     """Program per row: u from the GRU step's shares (_correction_input), then the
     children of the row's node. Without POP they are stored (Values [rows, C] float64,
@@ -339,7 +321,6 @@ def _children(
     builder's pop on the row's frontier (kernels/tree_pop.py; Expand, the frontier and
     Out*), which writes the next pop's step inputs. Both compile the same children code,
     so both builders see the same children."""
-    _follow_launch(PDL)
     row = tl.program_id(0)
     req = tl.load(Req + row)
     depth = tl.load(Depth + row)
@@ -381,13 +362,6 @@ class DominoStep:
         self.precision = "ieee" if head.w_ih.dtype == torch.float32 else "tf32"
         self.k_block = gru_k_block(head.w_ih.dtype)
         device = head.w_ih.device
-        # Launch options: programmatic dependent launch where the GPU has it (sm_90+).
-        self.pdl = (
-            dependent_launch()
-            and device.type == "cuda"
-            and (torch.cuda.get_device_capability(device)[0] >= 9)
-        )
-        self.launch = {"launch_pdl": True} if self.pdl else {}
         c = scorer.max_children
         self.u = torch.zeros(max_rows, self.rank, device=device, dtype=torch.float32)
         # Each GRU unit block's share of u per row: [unit blocks, max_rows, E] float32.
@@ -478,7 +452,6 @@ class DominoStep:
             num_warps=GRU_WARPS, H_SPLIT=split_width(self.hidden, splits, self.k_block),
             G_SPLIT=split_width(self.gru_units, splits, self.k_block),
             M=s.width, M_PAD=triton.next_power_of_2(s.width), FROM_TABLE=self.tabled(p),
-            PDL=self.pdl, **self.launch,
         )  # fmt: skip
 
     def tabled(self, p: int) -> bool:
@@ -529,8 +502,7 @@ class DominoStep:
             E=self.rank, E_PAD=self.e_pad, UNIT_BLOCKS=self.unit_blocks, M=s.width, C=c,
             M_PAD=triton.next_power_of_2(s.width), C_PAD=triton.next_power_of_2(c),
             E_STEP=min(E_BLOCK, triton.next_power_of_2(self.rank)),
-            POP=pop is not None, WIDTH=triton.next_power_of_2(width), PDL=self.pdl,
-            **self.launch,
+            POP=pop is not None, WIDTH=triton.next_power_of_2(width),
         )  # fmt: skip
 
     def splits(self, p: int) -> int:

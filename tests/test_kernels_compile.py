@@ -168,16 +168,13 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank, tmp_path):
         )
         constexprs = dict(H=hidden, G=gru, E=rank, E_PAD=e_pad, PRECISION=precision)
         constexprs.update(SPLITS=splits, M=64, M_PAD=64, FROM_TABLE=table, **widths)
-        # as launched on Hopper: after the pop's last launch, by programmatic dependent launch
         gru_step = compiled(
             domino_step._gru_step,
             {**rows, **weights},
-            {**constexprs, **tiles, "PDL": True},
+            {**constexprs, **tiles},
             num_warps=domino_step.GRU_WARPS,
-            launch_pdl=True,
         )
         assert gru_step.asm["cubin"] and gru_step.metadata.shared <= H200_SHARED
-        assert gru_step.metadata.launch_pdl and "griddepcontrol.wait" in gru_step.asm["ptx"]
         # its products' tiles stay in registers (K_BLOCK and GRU_WARPS chosen for it)
         usage = ptxas_usage(gru_step.asm["ptx"], tmp_path)
         assert "0 bytes spill stores, 0 bytes spill loads" in usage, (splits, table, usage)
@@ -197,10 +194,9 @@ def test_the_domino_step_compiles(dtype, hidden, gru, rank, tmp_path):
             E=rank, E_PAD=e_pad, UNIT_BLOCKS=triton.cdiv(gru, domino_step.UNITS_BLOCK)
         )
         constexprs.update(M=64, C=children, M_PAD=64, C_PAD=children, E_STEP=e_step)
-        constexprs.update(POP=pop, WIDTH=width, PDL=True)
-        kernel = compiled(domino_step._children, types, constexprs, launch_pdl=True)
+        constexprs.update(POP=pop, WIDTH=width)
+        kernel = compiled(domino_step._children, types, constexprs)
         assert kernel.asm["cubin"] and kernel.metadata.shared <= H200_SHARED
-        assert kernel.metadata.launch_pdl and "griddepcontrol.wait" in kernel.asm["ptx"]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

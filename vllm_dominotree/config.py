@@ -152,20 +152,6 @@ def accept_kernel(cuda: bool) -> str:
     return _kernel_switch("DOMINOTREE_ACCEPT_KERNEL", "triton" if cuda else "torch")
 
 
-def dependent_launch() -> bool:
-    """Whether the node step's launches (kernels/domino_step.py) overlap the one before
-    them by programmatic dependent launch where the GPU has it (Hopper and later), from
-    the environment's DOMINOTREE_PDL: "1" (default) or "0". Why: a pop is two small
-    dependent launches (about 10 and 6 us at batch 1 on an H100), and the gap between
-    two such launches inside a CUDA graph is a few microseconds of the pop; with it the
-    next launch is resident and waits (`griddepcontrol.wait`) for the one before to
-    finish. A switch so that a benchmark can measure both in one run."""
-    value = os.environ.get("DOMINOTREE_PDL", "1")
-    if value not in ("0", "1"):
-        raise DominoTreeConfigError(f'dominotree: DOMINOTREE_PDL={value!r}; use "1" or "0"')
-    return value == "1"
-
-
 @dataclass(frozen=True)
 class DominoTreeConfig:
     # Drafted nodes per tree (the verification pass checks budget + 1 rows).

@@ -14,7 +14,6 @@ from vllm_dominotree.config import (
     DominoTreeConfig,
     DominoTreeConfigError,
     accept_kernel,
-    dependent_launch,
     node_step,
 )
 from vllm_dominotree.demo.toy_pair import PairSpec, write_drafter
@@ -198,22 +197,6 @@ def test_accept_kernel_switch_is_checked_at_engine_start(pair_dirs, monkeypatch,
     with pytest.raises(DominoTreeConfigError, match="DOMINOTREE_ACCEPT_KERNEL") as error:
         args.create_engine_config()
     assert message in str(error.value)
-
-
-def test_dependent_launch_switch_is_checked_at_engine_start(pair_dirs, monkeypatch):
-    """DOMINOTREE_PDL takes "1" (the default: the node step's launches by programmatic
-    dependent launch where the GPU has it) or "0"; anything else is refused before any
-    worker starts, naming the variable and its values."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    monkeypatch.delenv("DOMINOTREE_PDL", raising=False)
-    assert dependent_launch()
-    monkeypatch.setenv("DOMINOTREE_PDL", "0")
-    assert not dependent_launch()
-    monkeypatch.setenv("DOMINOTREE_PDL", "yes")
-    args = EngineArgs(model=pair_dirs["target"], speculative_config=dominotree(pair_dirs))
-    with pytest.raises(DominoTreeConfigError, match='DOMINOTREE_PDL=\'yes\'; use "1" or "0"'):
-        args.create_engine_config()
 
 
 def test_accept_kernel_defaults_to_the_kernel_on_cuda_only(monkeypatch):

@@ -99,7 +99,6 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             assert r["tree_attention"] == "cpu", r
             assert r["one_pass_share"] == 0 if base == "chain" else r["one_pass_share"] > 0, r
             assert r["scorer_step"] == ("table" if base == "marginal" else "torch"), r
-            assert r["dependent_launch"] == "", r  # no Triton step: no launches to overlap
             split = r["profiled_ms"]
             assert set(split) == {"prepare", "verify", "accept", "draft", "build", "rest"}
             assert all(split[k] > 0 for k in ("verify", "draft", "build")), split
@@ -176,12 +175,6 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
         with pytest.raises(RuntimeError, match=f"{stat} '{other}'"):
             check_variant_ran(method, environment, ran | {stat: other})
     check_variant_ran("conditional", {}, {"scorer_step": "torch", "tree_attention": "fixup"})
-    # -no-pdl: the Triton step's launches without programmatic dependent launch.
-    environment = split_variants("chain-v2-no-pdl")[2]
-    assert environment == {"DOMINOTREE_PDL": "0"}
-    check_variant_ran("chain-v2-no-pdl", environment, {"dependent_launch": "0"})
-    with pytest.raises(RuntimeError, match="dependent_launch '1', not the '0'"):
-        check_variant_ran("chain-v2-no-pdl", environment, {"dependent_launch": "1"})
     # A draft vocabulary is asked for in the speculative config and read in the stats.
     assert split_variants("conditional-v2-triton-vocab32768") == (
         "conditional-v2",

@@ -38,7 +38,7 @@ from ..metrics import engine_block
 from ..openmp import process_runtime
 from ..patches.worker_classes import runner_builds_every_logitsproc, runner_builds_proposer
 from ..stage_clock import StageClock
-from ..tree.scorers import corrected_candidates, dependent_launch_used, draft_vocab_size
+from ..tree.scorers import corrected_candidates, draft_vocab_size
 from . import attention_check, tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
 from .acceptance import Accepted, accepted_logprobs
@@ -133,7 +133,6 @@ class DominoTreeRunnerMixin:
         install(self._verification)
         paths = self._verification.paths
         self._stats.scorer_step = self.drafter.scorer.step
-        self._stats.dependent_launch = dependent_launch_used(self.drafter.scorer)
         self._stats.accept_kernel = accept_kernel(cuda)
         self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
         self._stats.candidates = corrected_candidates(self.drafter.scorer)

@@ -59,9 +59,6 @@ class DominoTreeStats:
     # torch step), "triton" (two launches per pop, not yet the default) or "table"
     # (marginal: per-depth tables).
     scorer_step: str = ""
-    # Whether the Triton node step's launches overlap by programmatic dependent launch
-    # (config.dependent_launch, Hopper and later): "1", "0"; "": no Triton step.
-    dependent_launch: str = ""
     # How a step's trees are accepted (config.accept_kernel): "torch", "triton".
     accept_kernel: str = ""
     # Tokens the drafter's logits cover (its draft vocabulary, drafter/draft_vocab.py);

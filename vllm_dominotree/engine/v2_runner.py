@@ -33,7 +33,7 @@ from ..config import accept_kernel
 from ..metrics import engine_block
 from ..patches.worker_classes import v2_runner_builds_speculator
 from ..stage_clock import StageClock
-from ..tree.scorers import corrected_candidates, dependent_launch_used, draft_vocab_size
+from ..tree.scorers import corrected_candidates, draft_vocab_size
 from . import tree_attention_setup
 from .accept_graphs import AcceptGraphs, accept_and_move
 from .acceptance import Accepted, draw_targets
@@ -201,7 +201,6 @@ class DominoTreeV2RunnerMixin:
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
             "scorer_step": self.speculator.scorer.step,
-            "dependent_launch": dependent_launch_used(self.speculator.scorer),
             "draft_vocab": draft_vocab_size(self.speculator.scorer),
             "candidates": corrected_candidates(self.speculator.scorer),
             "budget": self.speculator.shape.budget,

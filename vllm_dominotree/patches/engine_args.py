@@ -20,13 +20,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 from vllm.platforms.interface import CpuArchEnum
 
-from ..config import (
-    DominoTreeConfig,
-    DominoTreeConfigError,
-    accept_kernel,
-    dependent_launch,
-    node_step,
-)
+from ..config import DominoTreeConfig, DominoTreeConfigError, accept_kernel, node_step
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
 from ..metrics import bind, export_for_engine
 from ..openmp import gnu_openmp_warning, intel_openmp, preloaded_runtime
@@ -62,7 +56,6 @@ def prepare_engine_args(args: EngineArgs) -> None:
             "DOMINOTREE_ACCEPT_KERNEL=triton accepts trees with a CUDA kernel; "
             "unset it (or set it to torch) on CPU"
         )
-    dependent_launch()  # a value it does not know is refused here, not in a worker
     vllm_spec, options = translate(args.speculative_config, on_cpu=current_platform.is_cpu())
     args.speculative_config = vllm_spec
     args.additional_config = {**(args.additional_config or {}), ADDITIONAL_CONFIG_KEY: options}

@@ -388,14 +388,6 @@ def corrected_candidates(scorer: ConditionalScorer | MarginalScorer) -> int:
     return scorer.width if isinstance(scorer, ConditionalScorer) else 0
 
 
-def dependent_launch_used(scorer: ConditionalScorer | MarginalScorer) -> str:
-    """Whether the scorer's Triton node step launches by programmatic dependent launch
-    (config.dependent_launch): "1" or "0", as DOMINOTREE_PDL spells it; "" without a
-    Triton step (the torch step, the marginal scorer)."""
-    step = getattr(scorer, "kernel_step", None)
-    return "" if step is None else str(int(step.pdl))
-
-
 def make_scorer(
     kind: str,
     head: DominoHead | None,
