@@ -12,11 +12,7 @@ forward with the tree attention), draft, build and accept, and the whole step (f
 speculation: the ms of a decode step, from its tokens per second). Pairs: the toy pair
 (toy_pair.py; prompts of random ids) or SmolLM2-135M-Instruct with its shipped drafter
 (the demo's chat prompts). `--repeats N` times each mode N times (tokens/s from the
-median run); `--in-process` runs the engine core in this process instead of vLLM's
-separate one: on a 2-core CPU the separate process costs each step time that moves from
-run to run (plain decoding of the SmolLM2 pair read 51-70 tok/s in four such runs on
-2026-12-07b), where in-process runs of one engine came within 2% of each other
-(benchmarks/results/cpu_2026-12-07c). Writes NAME.json and NAME.md (NAME: --name).
+median run, every run kept). Writes NAME.json and NAME.md (NAME: --name).
 """
 
 from __future__ import annotations
@@ -158,10 +154,7 @@ def main() -> None:
     parser.add_argument("--logprobs", type=int, default=None, help="per request (vLLM's)")
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per mode (median)")
-    parser.add_argument("--in-process", action="store_true", help="the engine core in-process")
     args = parser.parse_args()
-    if args.in_process:  # read by vLLM when each engine is made
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.methods[0] != "no-spec":
         parser.error("--methods starts with no-spec: the speedups are over it")
 
@@ -187,7 +180,6 @@ def main() -> None:
     meta = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "pair": f"{pair}, {args.dtype}",
-        "in_process": args.in_process,
         "repeats": args.repeats,
         "command": command_line(),
     }
@@ -196,8 +188,7 @@ def main() -> None:
         "",
         f"`{meta['command']}`: {len(prompts)} prompts, {args.max_tokens} greedy tokens each"
         f" (logprobs {args.logprobs}, repetition penalty {args.repetition_penalty});",
-        f"engine core {'in this process' if args.in_process else 'in its own process'},"
-        f" each mode timed {args.repeats} time(s), tokens/s from the median run;",
+        f"each mode timed {args.repeats} time(s), tokens/s from the median run;",
         "batch = all prompts in one generate call, single = one request at a time; ms per",
         f"step ({' / '.join(STAGES)}) from the plugin's stage clock, per mode (no-spec: the",
         "step's ms from its tokens per second).",
