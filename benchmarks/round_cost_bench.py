@@ -162,7 +162,7 @@ def check_variant_ran(method: str, environment: dict[str, str], stats: dict) -> 
             f"{method}: the engine drafted from {stats.get('draft_vocab')} tokens, not "
             f"the {draft_vocab} asked for"
         )
-    for option in ("candidates", "budget"):
+    for option in ("candidates", "budget", "max_leaves"):
         if option in options and stats.get(option) != options[option]:
             raise RuntimeError(
                 f"{method}: the engine ran {option} {stats.get(option)}, not the "
@@ -197,13 +197,13 @@ def split_variants(method: str) -> tuple[str, dict, dict]:
 
 
 # A method's last suffixes, in any order -> the speculative config's option they set.
-OPTION_SUFFIXES = {"vocab": "draft_vocab", "m": "candidates", "b": "budget"}
+OPTION_SUFFIXES = {"vocab": "draft_vocab", "m": "candidates", "b": "budget", "leaves": "max_leaves"}
 
 
 def split_options(method: str) -> tuple[str, dict[str, int]]:
     """'chain-v2-vocab32768-m64' -> ('chain-v2', {'draft_vocab': 32768, 'candidates': 64})."""
     options = {}
-    while match := re.fullmatch(r"(.+)-(vocab|m|b)(\d+)", method):
+    while match := re.fullmatch(r"(.+)-(vocab|m|b|leaves)(\d+)", method):
         method, options = match[1], {OPTION_SUFFIXES[match[2]]: int(match[3]), **options}
     return method, options
 

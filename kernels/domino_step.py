@@ -303,14 +303,16 @@ def _node_children(row, req, depth, U, ProjRows, Base, Cand, prefix_len, rows_re
     return values.to(tl.float64), tokens
 
 
-@triton.jit(do_not_specialize=["prefix_len", "budget", "max_depth", "state_scratch"])
+@triton.jit(
+    do_not_specialize=["prefix_len", "budget", "max_depth", "max_branches", "state_scratch"]
+)
 def _children(
     Req, Node, Depth, UShares, HidPart, U, ProjRows, Base, Cand, Values, Tokens,
     share_rows, hid_req_stride, hid_depth_stride,
     prefix_len, rows_req_stride, rows_depth_stride, base_req_stride, base_depth_stride,
     Expand, Trees, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq,
-    Count, SpineTip, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
-    width, budget, max_depth, state_scratch,
+    Count, SpineTip, Branches, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth,
+    OutExpand, width, budget, max_depth, max_branches, state_scratch,
     E: tl.constexpr, E_PAD: tl.constexpr, UNIT_BLOCKS: tl.constexpr, M: tl.constexpr,
     C: tl.constexpr, M_PAD: tl.constexpr, C_PAD: tl.constexpr, E_STEP: tl.constexpr,
     POP: tl.constexpr, WIDTH: tl.constexpr,
@@ -335,8 +337,9 @@ def _children(
         file_and_pop(
             row, tl.load(Node + row), tl.load(Expand + row) != 0, values, tokens, c, Trees,
             Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq, Count,
-            SpineTip, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth, OutExpand,
-            width, width - 1, C, budget, max_depth, state_scratch, WIDTH,
+            SpineTip, Branches, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth,
+            OutExpand, width, width - 1, C, budget, max_depth, max_branches, state_scratch,
+            WIDTH,
         )  # fmt: skip
     else:
         tl.store(Values + row * C + c, values, mask=c < C)
@@ -487,7 +490,7 @@ class DominoStep:
         p = req.shape[0]
         c = s.max_children
         # Without the pop its pointers are never read: any tensors stand in.
-        frontier = pop.frontier if pop else (self.values,) * 10
+        frontier = pop.frontier if pop else (self.values,) * 11
         seqs = (pop.record_seq, pop.pop_seq) if pop else (self.tokens,) * 2
         out = pop.out if pop else (self.tokens,) * 5
         width = frontier[0].shape[1]
@@ -498,7 +501,8 @@ class DominoStep:
             s.prefix_len, s.proj_rows.stride(0), s.proj_rows.stride(1), s.base.stride(0),
             s.base.stride(1),
             pop.expand if pop else node, *frontier, *seqs, *out,
-            width, pop.budget if pop else 0, pop.max_depth if pop else 0, s.scratch_slot,
+            width, pop.budget if pop else 0, pop.max_depth if pop else 0,
+            pop.max_branches if pop else 0, s.scratch_slot,
             E=self.rank, E_PAD=self.e_pad, UNIT_BLOCKS=self.unit_blocks, M=s.width, C=c,
             M_PAD=triton.next_power_of_2(s.width), C_PAD=triton.next_power_of_2(c),
             E_STEP=min(E_BLOCK, triton.next_power_of_2(self.rank)),
@@ -527,9 +531,10 @@ class DominoStep:
 class PopTables:
     """What the children kernel needs to end with the device builder's pop: the [p] rows'
     frontier (tokens, parents, depths, scores [p, width], child log-probs and tokens
-    [p, width, C], next_rank, push_seq [p, width], count, spine_tip [p]; contiguous),
-    whether each row's node expands, the two pushes' sequence numbers ([] long) and the
-    next step's inputs to write (node, parent, token, depth [p] long, expand [p] bool)."""
+    [p, width, C], next_rank, push_seq [p, width], count, spine_tip, branches [p];
+    contiguous), whether each row's node expands, the two pushes' sequence numbers ([]
+    long), the next step's inputs to write (node, parent, token, depth [p] long, expand
+    [p] bool) and the tree's limits (TreeShape's budget, max_depth, max_branches)."""
 
     frontier: tuple[torch.Tensor, ...]
     expand: torch.Tensor
@@ -538,6 +543,7 @@ class PopTables:
     out: tuple[torch.Tensor, ...]
     budget: int
     max_depth: int
+    max_branches: int
 
 
 def gru_k_block(dtype: torch.dtype) -> int:

@@ -7,7 +7,8 @@ The torch version (`DeviceTreeBuilder._advance_rows`, compiled by Inductor) is t
 reference; this is the same arithmetic on the same tables: the float64 offers (a slot's
 score plus its next child's log-prob), the best offer with the earliest push among
 equal ones, the owed spine child first, the popped node filed, its parent's next child
-offered. A request's frontier is one tree's slots (the budget + 2 of them), so a program
+offered; past the tree's `max_branches` pops of a later child, first children only. A
+request's frontier is one tree's slots (the budget + 2 of them), so a program
 holds its rows in registers: it reads each table row once, applies the filing and the
 pop there, and writes the rows back once (no store is read back within the program).
 
@@ -26,9 +27,9 @@ import triton.language as tl
 @triton.jit
 def file_and_pop(r, new_node, new_expanded, new_logprobs, new_tokens, c,
                  Tokens, Parents, Depths, Scores, ChildLogprobs, ChildTokens, NextRank, PushSeq,
-                 Count, SpineTip, RecordSeq, PopSeq, OutNode, OutParent, OutToken, OutDepth,
-                 OutExpand, width, slots, children, budget, max_depth, state_scratch,
-                 WIDTH: tl.constexpr):  # fmt: skip
+                 Count, SpineTip, Branches, RecordSeq, PopSeq, OutNode, OutParent, OutToken,
+                 OutDepth, OutExpand, width, slots, children, budget, max_depth, max_branches,
+                 state_scratch, WIDTH: tl.constexpr):  # fmt: skip
     """Request r: the children of its new node `new_node` (a scalar; `new_expanded`
     False: it expands nothing, and they go to the scratch slot), `new_logprobs` [CHILDREN]
     float64 and `new_tokens` [CHILDREN] best first (entries c >= children unused),
@@ -54,9 +55,11 @@ def file_and_pop(r, new_node, new_expanded, new_logprobs, new_tokens, c,
     push_seq = tl.load(PushSeq + base + j, mask=in_row, other=0)
     push_seq = tl.where(j == slot, tl.load(RecordSeq), push_seq)
 
-    # The pop: the best offer (ties: the earliest push), or the owed spine child.
+    # The pop: the best offer (ties: the earliest push), or the owed spine child; past
+    # its branches, the row offers first children only.
     scores = tl.load(Scores + base + j, mask=in_row, other=0.0)
-    offered = tree & (next_rank < children)
+    branches = tl.load(Branches + r)
+    offered = tree & (next_rank < children) & ((next_rank == 0) | (branches < max_branches))
     rank = tl.minimum(next_rank, children - 1)
     stored = tl.load(ChildLogprobs + child_base + j * children + rank, mask=tree & (j != slot),
                      other=0.0)  # fmt: skip
@@ -103,6 +106,7 @@ def file_and_pop(r, new_node, new_expanded, new_logprobs, new_tokens, c,
     tl.store(PushSeq + base + j, push_seq, mask=in_row)
     count += pop.to(count.dtype)
     tl.store(Count + r, count)
+    tl.store(Branches + r, branches + (pop & (parent_rank > 0)).to(branches.dtype))
     deeper = depth < max_depth
     tl.store(SpineTip + r, tl.where(owed & pop, tl.where(deeper, node, -1), spine_tip))
     expand = pop & deeper & (count - 1 < budget)

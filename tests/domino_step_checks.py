@@ -168,12 +168,16 @@ def check_launch_size_decides_the_table(dtype=torch.float32, tolerance=1e-4, dev
 
 def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     """The device builder and the host heap on the Triton step: the same trees, bit for
-    bit (float64 scores, pop order), ties in the marginals included. rows: the scorer's
-    requests (up to TABLE_ROWS: the GRU's input products from the candidates' table)."""
+    bit (float64 scores, pop order), ties in the marginals included, some with their
+    leaves limited. rows: the scorer's requests (up to TABLE_ROWS: the GRU's input
+    products from the candidates' table)."""
     gen = torch.Generator().manual_seed(300 + seed)
     budget = int(torch.randint(1, 20, (1,), generator=gen))
     children = int(torch.randint(1, 5, (1,), generator=gen))
-    shape = TreeShape(budget=budget, max_depth=5, max_children=children, spine=bool(seed % 2))
+    leaves = (0, 2, 1, 0, 3, 1)[seed % 6]
+    shape = TreeShape(
+        budget, max_depth=5, max_children=children, spine=bool(seed % 2), max_leaves=leaves
+    )
     requests = int(torch.randint(1, min(rows, 5) + 1, (1,), generator=gen))
     vocab, hidden = 40, 24
     head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)

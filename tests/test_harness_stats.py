@@ -104,7 +104,7 @@ def test_two_runs_compare_prompt_by_prompt_and_must_measure_the_same_prompts(
         compare_runs.main()
 
 
-def test_a_method_may_name_a_draft_vocabulary_and_candidates():
+def test_a_method_may_name_a_draft_vocabulary_candidates_and_leaves():
     assert harness.method_spec("conditional-4-v8192") == {
         **harness.METHODS["conditional-4"],
         "draft_vocab": 8192,
@@ -114,7 +114,11 @@ def test_a_method_may_name_a_draft_vocabulary_and_candidates():
         "candidates": 16,
         "draft_vocab": 8192,
     }
+    assert harness.method_spec("conditional-16-l4") == {
+        **harness.METHODS["conditional-16"],
+        "max_leaves": 4,
+    }
     assert harness.known_method("conditional-16-v0") == "conditional-16-v0"
-    for name in ("no-spec-v8192", "ngram-m16", "conditional-4-x16"):
+    for name in ("no-spec-v8192", "ngram-m16", "conditional-4-x16", "ngram-l2"):
         with pytest.raises(harness.argparse.ArgumentTypeError, match="unknown method"):
             harness.known_method(name)

@@ -253,18 +253,49 @@ def test_spine_contains_the_chain(head):
         assert t.tokens[: K + 1] == c.tokens and t.parents[: K + 1] == c.parents
 
 
+@pytest.mark.parametrize("kind", ["conditional", "marginal"])
+def test_max_leaves_limits_the_leaves_and_deepens_them(head, kind):
+    """A tree of at most L leaves: no more than L nodes without children, and it stops
+    short of its budget only when every leaf is at the block's depth K; one leaf is the
+    greedy path (each node's best child, as the chain); without a limit the same steps
+    grow more leaves."""
+    budget, children = 12, 4
+    hidden, base, embed, anchors = random_step(head, 3, 11)
+    leaf_counts = {}
+    for leaves in (0, 1, 2, 3):
+        shape = TreeShape(budget, max_depth=K, max_children=children, max_leaves=leaves)
+        scorer = scorer_of(kind, head, embed, shape, requests=3)
+        scorer.prepare(hidden, base)
+        trees = build_trees(scorer, anchors, shape)
+        leaf_counts[leaves] = [sum(not c for c in t.children) for t in trees]
+        if leaves:
+            assert max(leaf_counts[leaves]) <= leaves, leaf_counts
+        for t in trees:
+            if t.num_nodes - 1 < budget:  # out of first children: every leaf at depth K
+                assert all(d == K for d, c in zip(t.depths, t.children, strict=True) if not c)
+        if leaves == 1:
+            chain_shape = TreeShape(budget=K, max_depth=K, max_children=1)
+            chain_scorer = scorer_of(kind, head, embed, chain_shape, requests=3)
+            chain_scorer.prepare(hidden, base)
+            for t, c in zip(trees, build_trees(chain_scorer, anchors, chain_shape), strict=True):
+                assert (t.tokens, t.parents) == (c.tokens, c.parents)  # K < budget: all of it
+    assert max(leaf_counts[0]) > 3, leaf_counts  # the limits above did bind
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("kind", ["conditional", "marginal"])
 def test_device_builder_equals_host_heap(head, seed, kind):
     """The device builder (fixed pops, frontier argmax) builds the host heap's trees bit
     for bit: tokens, parents, depths, float64 scores, and pop order (slot numbering).
     Marginal logits rounded to integers make many scores tie, so the heap's push-order
-    tie-breaking is exercised; small budgets and widths run frontiers dry."""
+    tie-breaking is exercised; small budgets and widths run frontiers dry; half the seeds
+    limit the leaves."""
     gen = torch.Generator().manual_seed(200 + seed)
     budget = int(torch.randint(1, 24, (1,), generator=gen))
     children = int(torch.randint(1, 5, (1,), generator=gen))
     spine = bool(seed % 2)
-    shape = TreeShape(budget=budget, max_depth=K, max_children=children, spine=spine)
+    leaves = int(torch.randint(1, 4, (1,), generator=gen)) if seed % 4 >= 2 else 0
+    shape = TreeShape(budget, max_depth=K, max_children=children, spine=spine, max_leaves=leaves)
     requests = int(torch.randint(1, 6, (1,), generator=gen))
     hidden, base, embed, anchors = random_step(head, requests, seed)
     if seed % 3 == 0:

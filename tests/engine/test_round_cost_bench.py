@@ -200,6 +200,11 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
     check_variant_ran("chain-v2-b15", {}, {"budget": 15})
     with pytest.raises(RuntimeError, match="ran budget 16, not the 15 asked for"):
         check_variant_ran("chain-v2-b15", {}, {"budget": 16})
+    # And the trees' leaf limit (`-leavesL`).
+    assert split_options("conditional-v2-leaves4") == ("conditional-v2", {"max_leaves": 4})
+    check_variant_ran("conditional-v2-leaves4", {}, {"max_leaves": 4})
+    with pytest.raises(RuntimeError, match="ran max_leaves 0, not the 4 asked for"):
+        check_variant_ran("conditional-v2-leaves4", {}, {"max_leaves": 0})
 
 
 def test_each_method_runs_cudas_budget():

@@ -41,29 +41,31 @@ def step_inputs(requests: int, seed: int):
     return hidden, base, anchors
 
 
-# (kind, budget, M, spine, the conditional scorer's Triton step)
+# (kind, budget, M, spine, the conditional scorer's Triton step, max leaves)
 CASES = [
-    ("conditional", 16, 64, False, False),
-    ("conditional", 16, 64, False, True),
-    ("conditional", 32, 128, True, False),
-    ("conditional", 64, 32, False, True),
-    ("marginal", 16, 64, False, False),
-    ("chain", K, VOCAB, False, False),  # the released decoder
-    ("chain", K, 64, False, False),  # the chain on the top-M candidates
-    ("chain", K, 64, False, True),  # the same on the Triton step (CUDA's default)
+    ("conditional", 16, 64, False, False, 0),
+    ("conditional", 16, 64, False, True, 0),
+    ("conditional", 16, 64, False, True, 4),  # the pop's leaf limit in the Triton pop
+    ("conditional", 32, 128, True, False, 0),
+    ("conditional", 64, 32, False, True, 0),
+    ("marginal", 16, 64, False, False, 0),
+    ("marginal", 16, 64, False, False, 4),
+    ("chain", K, VOCAB, False, False, 0),  # the released decoder
+    ("chain", K, 64, False, False, 0),  # the chain on the top-M candidates
+    ("chain", K, 64, False, True, 0),  # the same on the Triton step (CUDA's default)
 ]
 
 
 @pytest.mark.parametrize("requests", [1, 8])
-@pytest.mark.parametrize("kind, budget, candidates, spine, kernels", CASES)
+@pytest.mark.parametrize("kind, budget, candidates, spine, kernels, leaves", CASES)
 def test_device_trees_equal_host_heap(
-    head, embed, requests, kind, budget, candidates, spine, kernels
+    head, embed, requests, kind, budget, candidates, spine, kernels, leaves
 ):
     chain = kind == "chain"
     shape = (
         TreeShape(budget=K, max_depth=K, max_children=1)
         if chain
-        else TreeShape(budget=budget, max_depth=K, max_children=budget, spine=spine)
+        else TreeShape(budget, max_depth=K, max_children=budget, spine=spine, max_leaves=leaves)
     )
     scorer = make_scorer(
         kind,
@@ -92,6 +94,7 @@ def test_device_trees_equal_host_heap(
             assert d.scores == h.scores  # bit-identical float64, not approximately
             assert h.num_nodes - 1 == shape.budget
             assert max(h.depths) > 1, "a tree of depth 1 would not exercise the states"
+            assert not leaves or sum(not c for c in h.children) <= leaves
     assert builder.counts.graph_builds == 3 and builder.counts.eager_builds == 0
 
 

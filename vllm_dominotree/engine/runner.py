@@ -137,6 +137,7 @@ class DominoTreeRunnerMixin:
         self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
         self._stats.candidates = corrected_candidates(self.drafter.scorer)
         self._stats.budget = self.drafter.budget
+        self._stats.max_leaves = self.drafter.shape.max_leaves
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
         elif cuda:

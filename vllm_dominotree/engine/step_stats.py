@@ -70,6 +70,8 @@ class DominoTreeStats:
     # Nodes a request drafts per round (its verification checks budget + 1 rows): the
     # tree's budget, the chain's length (config.tree_shape).
     budget: int = 0
+    # The trees' leaf limit (config `max_leaves`; 0: none).
+    max_leaves: int = 0
     # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
     path_splits: str = ""
     # "fixup": how its rows round (cuda_attention.fixup_rounding): "fa3", "triton", "fast".

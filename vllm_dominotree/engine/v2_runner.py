@@ -204,6 +204,7 @@ class DominoTreeV2RunnerMixin:
             "draft_vocab": draft_vocab_size(self.speculator.scorer),
             "candidates": corrected_candidates(self.speculator.scorer),
             "budget": self.speculator.shape.budget,
+            "max_leaves": self.speculator.shape.max_leaves,
             "stage_seconds": dict(self.stage_clock.seconds),
         }
         if self._trees:

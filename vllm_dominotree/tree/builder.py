@@ -11,6 +11,10 @@ With `spine`, the greedy path is grown first (so the tree contains the chain and
 accepts less than it, at the price of budget spent on depth); pop order is then
 best-first only after the spine.
 
+With `max_leaves`, a tree stops branching once it has that many leaves: a node's first
+child replaces it as a leaf, every later child adds one, so past the limit only first
+children are popped (the others stay unpopped, as if their scores were -inf).
+
 Scorers (see scorers.py) decide what a node's children are:
   conditional - Domino's correction along the node's own path (DominoTree),
   marginal    - the drafter's per-depth marginals, path-independent (DDTree),
@@ -35,10 +39,20 @@ class TreeShape:
     # Grow the greedy path (every node's best child) to full depth first, then spend the
     # rest of the budget best-first: the tree then always contains the chain.
     spine: bool = False
+    # At most this many leaves (root-to-leaf paths) per tree; 0: no limit.
+    max_leaves: int = 0
 
     def __post_init__(self) -> None:
         if min(self.budget, self.max_depth, self.max_children) < 1:
             raise ValueError(f"tree budget, depth and children must be >= 1, got {self}")
+        if self.max_leaves < 0:
+            raise ValueError(f"max_leaves must be >= 0, got {self}")
+
+    @property
+    def max_branches(self) -> int:
+        """Pops of a child that is not its parent's first (each adds a leaf) a tree may
+        take: max_leaves - 1, or the budget when the leaves are not limited."""
+        return self.max_leaves - 1 if self.max_leaves else self.budget
 
 
 @dataclass
@@ -105,6 +119,7 @@ def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[Dr
     heaps: list[list[tuple[float, int, int, int]]] = [[] for _ in anchors]
     # With a spine, the deepest greedy node whose best child is still owed to the tree.
     spine_tip: list[int | None] = [ROOT if shape.spine else None for _ in anchors]
+    branches = [0 for _ in anchors]  # pops of a child past its parent's first
     pushes = 0
 
     def push(r: int, parent: int, rank: int) -> None:
@@ -127,6 +142,11 @@ def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[Dr
         for r, tree in enumerate(trees):
             tip = spine_tip[r]
             owed = tip is not None and tip in children[r] and children[r][tip].tokens
+            if branches[r] >= shape.max_branches:
+                # No more leaves: the offers of later children are dropped (for good: the
+                # count only grows), the best first child is next.
+                heaps[r] = [e for e in heaps[r] if e[3] == 0]
+                heapq.heapify(heaps[r])
             if tree.num_nodes - 1 >= shape.budget or not (heaps[r] or owed):
                 continue
             popped = True
@@ -137,6 +157,7 @@ def build_trees(scorer: Scorer, anchors: list[int], shape: TreeShape) -> list[Dr
                 neg_score, _, parent, rank = heapq.heappop(heaps[r])
                 score = -neg_score
             kids = children[r][parent]
+            branches[r] += rank > 0
             node = tree.add(kids.tokens[rank], parent, score)
             if owed:
                 spine_tip[r] = node if tree.depths[node] < shape.max_depth else None

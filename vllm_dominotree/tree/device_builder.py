@@ -27,6 +27,8 @@ smallest `push_seq` among the tied is the heap's pick. Scores add the children's
 log-probs in the same order as the heap, hence are the same doubles.
 
 With `spine`, the spine tip's best child is owed before anything is popped (builder.py).
+With `max_leaves`, a row that has taken its `max_branches` pops of a later child offers
+first children only (`branches` counts them; builder.py).
 The chain (one child per node, one block) is the scorer's own unrolled decoder.
 
 A build may begin with the scorer's preparation (`prepare`: the drafter's logits and the
@@ -106,6 +108,7 @@ class DeviceTreeBuilder:
         self.push_seq = torch.zeros(r, n, device=device, dtype=torch.long)
         self.count = torch.zeros(r, device=device, dtype=torch.long)  # nodes, root included
         self.spine_tip = torch.zeros(r, device=device, dtype=torch.long)  # -1: none owed
+        self.branches = torch.zeros(r, device=device, dtype=torch.long)  # later-child pops
         self.rows = torch.arange(r, device=device)
         self.seqs = torch.arange(-1, 2 * shape.budget, device=device)  # push_seq values
         self.counts = BuildCounts()
@@ -226,7 +229,7 @@ class DeviceTreeBuilder:
         out = tuple(o[:p] for o in self._pop_out[t % 2])
         shape = self.shape
         pop = PopTables(self._frontier(p), expand, record_seq, pop_seq, out, shape.budget,
-                        shape.max_depth)  # fmt: skip
+                        shape.max_depth, shape.max_branches)  # fmt: skip
         self._kernel_step.gru(rows, node, parent, token, depth)
         self._kernel_step.children(rows, node, depth, pop)
         return out
@@ -235,6 +238,7 @@ class DeviceTreeBuilder:
         """The build's tables' first p rows, in the order the pop takes them."""
         tables = (self.tokens, self.parents, self.depths, self.scores, self.child_logprobs)
         tables += (self.child_tokens, self.next_rank, self.push_seq, self.count, self.spine_tip)
+        tables += (self.branches,)
         return tuple(t[:p] for t in tables)
 
     def _start_rows(self, anchors):
@@ -252,6 +256,7 @@ class DeviceTreeBuilder:
         self.push_seq[:p] = 0
         self.count[:p] = 1
         self.spine_tip[:p] = 0 if self.shape.spine else -1
+        self.branches[:p] = 0
         node = torch.zeros_like(anchors)
         parent = torch.full_like(anchors, self.scorer.zero_slot)
         return node, parent, anchors, node, torch.ones_like(anchors, dtype=torch.bool)
@@ -295,7 +300,7 @@ class DeviceTreeBuilder:
         ([p, slots + 1] tables, updated in place) -> the popped node's slot, parent,
         token, depth, and whether it needs children."""
         tokens, parents, depths, scores, child_logprobs, child_tokens = frontier[:6]
-        next_rank, push_seq, count, spine_tip = frontier[6:]
+        next_rank, push_seq, count, spine_tip, branches = frontier[6:]
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         slot = torch.where(new_expanded, new_node, self.slots)
         child_logprobs[rows, slot] = new_logprobs
@@ -304,9 +309,12 @@ class DeviceTreeBuilder:
         next_rank[rows, slot] = torch.where(spine_next, self.scorer.max_children, 0)
         push_seq[rows, slot] = record_seq
 
-        # The pop: the best offer of every row's frontier (ties: the earliest push).
+        # The pop: the best offer of every row's frontier (ties: the earliest push); past
+        # its branches, a row offers first children only.
         shape, c, slots = self.shape, self.scorer.max_children, self.slots
-        offered = next_rank[:, :slots] < c
+        offered = (next_rank[:, :slots] < c) & (
+            (next_rank[:, :slots] == 0) | (branches < shape.max_branches)[:, None]
+        )
         rank = next_rank[:, :slots].clamp(max=c - 1)
         offer = scores[:, :slots] + child_logprobs[:, :slots].gather(2, rank[..., None])[..., 0]
         offer = torch.where(offered, offer, float("-inf"))
@@ -329,6 +337,7 @@ class DeviceTreeBuilder:
         next_rank[rows, sibling_slot] = rank + 1
         push_seq[rows, sibling_slot] = pop_seq
         count += pop
+        branches += pop & (rank > 0)
         spine_tip.copy_(
             torch.where(owed & pop, torch.where(depth < shape.max_depth, node, -1), spine_tip)
         )
