@@ -163,10 +163,11 @@ class DominoTreeConfig:
     scorer: str = "conditional"
     # Children a node may get; None = budget (no limit beyond the budget).
     max_children: int | None = None
-    # Leaves (root-to-leaf paths) a tree may have; 0 = no limit. A GPU verifies a tree
-    # with one FA3 request per path, each reading the request's prefix (the path
-    # requests, engine/tree_paths.py), so fewer paths cost less verification at large
-    # batches; once a tree has this many leaves, the build only deepens them.
+    # Leaves (root-to-leaf paths) a tree may have; 0 = no limit. Where the target runs
+    # FA3, a tree is verified by one FA3 request per path, each reading the request's
+    # prefix (the path requests, engine/tree_paths.py), so fewer paths should cost less
+    # verification at large batches; once a tree has this many leaves, the build only
+    # deepens them.
     max_leaves: int = 0
     # Grow the greedy path to full depth before branching, so that the tree always
     # contains the chain (see tree/builder.py). Costs depth's worth of budget.
@@ -207,7 +208,7 @@ class DominoTreeConfig:
         if (
             not isinstance(self.max_leaves, int)
             or isinstance(self.max_leaves, bool)
-            or (self.max_leaves < 0)
+            or self.max_leaves < 0
         ):
             raise DominoTreeConfigError(
                 f"max_leaves must be 0 (no limit) or a positive integer, got {self.max_leaves!r}"
