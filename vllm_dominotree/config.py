@@ -196,23 +196,13 @@ class DominoTreeConfig:
                 "rows per step, and past 64 the extra rows cost more than they can accept; "
                 "pick budget <= 64"
             )
-        if (
-            not isinstance(self.draft_vocab, int)
-            or isinstance(self.draft_vocab, bool)
-            or self.draft_vocab < 0
-        ):
-            raise DominoTreeConfigError(
-                f"draft_vocab must be 0 (the whole vocabulary) or a positive integer, got "
-                f"{self.draft_vocab!r}"
-            )
-        if (
-            not isinstance(self.max_leaves, int)
-            or isinstance(self.max_leaves, bool)
-            or self.max_leaves < 0
-        ):
-            raise DominoTreeConfigError(
-                f"max_leaves must be 0 (no limit) or a positive integer, got {self.max_leaves!r}"
-            )
+        # Options whose 0 means "none": the whole vocabulary, no leaf limit.
+        for name, zero in (("draft_vocab", "the whole vocabulary"), ("max_leaves", "no limit")):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise DominoTreeConfigError(
+                    f"{name} must be 0 ({zero}) or a positive integer, got {value!r}"
+                )
         if self.model_runner not in MODEL_RUNNERS:
             raise DominoTreeConfigError(
                 f"model_runner {self.model_runner!r} is unknown; choose one of "

@@ -127,16 +127,21 @@ def test_budget_below_the_drafters_block_on_cpu(pair_dirs, expected, scorer):
     assert stats["mean_leaves"] == 1.0 if scorer == "chain" else stats["mean_leaves"] > 1.0
 
 
+def greedy_and_stats(pair_dirs, **options) -> tuple[list, dict]:
+    """A DominoTree engine of these options: its greedy outputs and its tree stats."""
+    llm = make_llm(pair_dirs, dominotree(pair_dirs, **options))
+    try:
+        return greedy(llm), tree_stats(llm)
+    finally:
+        shutdown(llm)
+
+
 def test_max_leaves_bounds_every_trees_leaves(pair_dirs, expected):
     """`max_leaves`: the engine's trees have at most that many leaves (the toy pair's
     trees average more than 2 without it, test_other_scorers_are_lossless), still
     branch, and the output is the target's own."""
-    llm = make_llm(pair_dirs, dominotree(pair_dirs, max_leaves=2))
-    try:
-        assert greedy(llm) == expected
-        stats = tree_stats(llm)
-    finally:
-        shutdown(llm)
+    outputs, stats = greedy_and_stats(pair_dirs, max_leaves=2)
+    assert outputs == expected
     assert stats["trees"] > 0 and stats["mean_accept_length"] > 1.5, stats
     assert stats["max_leaves"] == 2 and 1.0 < stats["mean_leaves"] <= 2.0, stats
     assert stats["tree_leaves"] <= 2 * stats["trees"], stats
@@ -151,12 +156,8 @@ def test_the_engine_runs_on_the_openmp_runtime_the_entry_points_preload(
     monkeypatch.setenv("LD_PRELOAD", os.environ.get("LD_PRELOAD", ""))  # restored after
     monkeypatch.setattr(openmp, "STARTED_WITH", "")
     assert engine_runtime(speculative=True).startswith("Intel OpenMP")
-    llm = make_llm(pair_dirs, dominotree(pair_dirs, budget=3))
-    try:
-        assert greedy(llm) == expected
-        stats = tree_stats(llm)
-    finally:
-        shutdown(llm)
+    outputs, stats = greedy_and_stats(pair_dirs, budget=3)
+    assert outputs == expected
     assert stats["openmp"] == "libiomp"
 
 
