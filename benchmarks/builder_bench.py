@@ -5,7 +5,8 @@
 Random Domino head of the released Qwen3-4B b16 shapes (hidden 2560, vocab 151936,
 GRU 1024, rank 256, 16 drafts), random drafter outputs, conditional scorer (`--scorers
 conditional chain`: also Domino's chain, one child per node, as the engine builds it;
-its budgets at most the 16 drafts, e.g. `--budgets 15`). A round's
+its budgets at most the 16 drafts, e.g. `--budgets 15`; `--max-leaves 4 8`: trees of at
+most that many leaves, the config's max_leaves, 0 none). A round's
 build time is prepare (per-depth top-M, gathers) + the build until every tree is full and
 back on the host, measured with device syncs. Per configuration it also checks that the
 device builder's trees are the host heap's (tokens, parents, float64 scores).
@@ -95,13 +96,15 @@ def measure_with(knobs: dict, *args) -> dict:
 
 
 def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step, profile,
-            kind):  # fmt: skip
+            kind, max_leaves):  # fmt: skip
     """Both builders on the same inputs, for the scorer `kind` ("conditional" or "chain")
-    with its `step` ("torch" or "triton") -> {builder: stats}, trees equal (the device
-    builder's kernels with `profile`)."""
+    with its `step` ("torch" or "triton") and at most `max_leaves` leaves per tree (0: no
+    limit) -> {builder: stats}, trees equal (the device builder's kernels with `profile`)."""
     chain = kind == "chain"
     # The shape the engine builds for these options (a chain: a path of `budget` drafts).
-    options = DominoTreeConfig(budget=budget, candidates=candidates, scorer=kind)
+    options = DominoTreeConfig(
+        budget=budget, candidates=candidates, scorer=kind, max_leaves=max_leaves
+    )
     shape = options.tree_shape(num_drafts=K)
     # The drafter's rows of the depths the shape reaches, as the engine hands them over.
     inputs = [(h[:, : shape.max_depth], b[:, : shape.max_depth], a) for h, b, a in inputs]
@@ -149,12 +152,13 @@ def measure(head, embed, device, batch, budget, candidates, rounds, inputs, step
             "scorer": kind,
             # What the device builder was built as: the chain's unrolled path or the heap.
             "tree_shape": [shape.budget, shape.max_depth, shape.max_children],
+            "max_leaves": shape.max_leaves,
             "builds_a_path": builder.chain,
         }
     if trees["device"] != trees["host heap"]:
         raise SystemExit(
             f"device trees differ from the host heap's: {kind}, batch {batch}, "
-            f"budget {budget}, M {candidates}"
+            f"budget {budget}, M {candidates}, max_leaves {max_leaves}"
         )
     if device.type == "cuda" and builder.counts.eager_builds:
         raise SystemExit("the device builder ran outside its CUDA graphs")
@@ -179,6 +183,8 @@ def main() -> None:
     parser.add_argument(
         "--scorers", nargs="+", default=["conditional"], choices=["conditional", "chain"]
     )
+    # at most this many leaves per tree (the config's max_leaves; 0: no limit)
+    parser.add_argument("--max-leaves", type=int, nargs="+", default=[0])
     args = parser.parse_args()
     if "chain" in args.scorers and max(args.budgets) > K:
         parser.error(f"a chain drafts at most the drafter's {K} slots: --budgets <= {K}")
@@ -205,10 +211,12 @@ def main() -> None:
                 for g, t in itertools.product(args.gru_programs, args.table_rows)
             ]
             steps = [(s, k) for s in args.steps for k in (knobs if s == "triton" else [{}])]
-            for kind, m, (step, knob) in itertools.product(args.scorers, args.candidates, steps):
+            for kind, m, (step, knob), leaves in itertools.product(
+                args.scorers, args.candidates, steps, args.max_leaves
+            ):
                 stats = measure_with(
                     knob, head, embed, device, batch, budget, m, args.rounds, inputs, step,
-                    args.profile, kind,
+                    args.profile, kind, leaves,
                 )  # fmt: skip
                 for name in BUILDERS:
                     row = {
@@ -240,6 +248,7 @@ def main() -> None:
         "batch",
         "budget",
         "M",
+        "max leaves",
         "builder",
         "node step",
         "GRU programs, table rows",
@@ -254,6 +263,7 @@ def main() -> None:
             r["batch"],
             r["budget"],
             r["candidates"],
+            r["max_leaves"] or "-",
             r["builder"],
             r["step"],
             ", ".join(str(v) for v in r["knobs"].values() if v is not None) or "-",
