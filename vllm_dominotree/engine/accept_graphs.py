@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..cuda_graphs import capture
 from ..tree.scorers import padded_rows
 from .acceptance import Accepted, accept_step
 from .tree_step import TreeStep, TreeStepBuffers
@@ -139,7 +140,7 @@ class AcceptGraphs:
         pool = None
         for p in reversed(sizes):  # the largest first: later graphs reuse its pool
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with capture(graph, pool=pool):
                 outputs = self._padded_stage(p)
             pool = graph.pool()
             self._graphs[p] = (graph, outputs)

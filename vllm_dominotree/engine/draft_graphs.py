@@ -31,6 +31,7 @@ from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
+from ..cuda_graphs import capture
 from ..tree.scorers import padded_rows
 
 
@@ -114,7 +115,7 @@ class DraftGraphs:
             per_layer = self._refresh(p)
             self._forward(p, per_layer)  # compiles and warms the shape outside the capture
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with capture(graph, pool=pool):
                 rows = self._forward(p, per_layer)
             pool = graph.pool()
             self._graphs[p] = (graph, rows)

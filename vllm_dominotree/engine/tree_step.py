@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from ..cuda_graphs import capture
 from ..tree.ancestry import ANCESTORS, DEPTH, NEEDS_FIX, PARENT, SIBLINGS, TOKEN
 from .tree_paths import PathTables
 
@@ -200,7 +201,7 @@ class TreeStepBuffers:
             self._gather(table, self.capacity, self.capacity)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capture(graph):
             self._gather(table, self.capacity, self.capacity)
         self._gather_graph = (graph, table.data_ptr())
 
