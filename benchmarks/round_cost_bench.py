@@ -25,8 +25,10 @@ first S of a random ranking written beside the random drafter) and `-mM` correct
 candidates per depth (option candidates; 151936 for Qwen3's whole vocabulary: the
 chain's released decoder) and `-bN` drafting N nodes a request (option budget, as on
 CUDA otherwise: 16, the chain 15, which verifies the 16 rows of vLLM's DFlash;
-`chain-v2-b16` drafts all 16 of the Domino block and verifies 17), e.g.
-`conditional-v2-vocab32768` or `chain-v2-m151936`.
+`chain-v2-b16` drafts all 16 of the Domino block and verifies 17), `-leavesL` trees of
+at most L leaves (option max_leaves) and `-stepleavesN` N leaves shared by a step's trees
+(option step_leaves; 0: no limit), e.g. `conditional-v2-vocab32768`, `chain-v2-m151936`
+or `conditional-v2-stepleaves0`.
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936; Qwen3-8B:
@@ -162,7 +164,7 @@ def check_variant_ran(method: str, environment: dict[str, str], stats: dict) -> 
             f"{method}: the engine drafted from {stats.get('draft_vocab')} tokens, not "
             f"the {draft_vocab} asked for"
         )
-    for option in ("candidates", "budget", "max_leaves"):
+    for option in ("candidates", "budget", "max_leaves", "step_leaves"):
         if option in options and stats.get(option) != options[option]:
             raise RuntimeError(
                 f"{method}: the engine ran {option} {stats.get(option)}, not the "
@@ -197,13 +199,19 @@ def split_variants(method: str) -> tuple[str, dict, dict]:
 
 
 # A method's last suffixes, in any order -> the speculative config's option they set.
-OPTION_SUFFIXES = {"vocab": "draft_vocab", "m": "candidates", "b": "budget", "leaves": "max_leaves"}
+OPTION_SUFFIXES = {
+    "vocab": "draft_vocab",
+    "m": "candidates",
+    "b": "budget",
+    "leaves": "max_leaves",
+    "stepleaves": "step_leaves",
+}
 
 
 def split_options(method: str) -> tuple[str, dict[str, int]]:
     """'chain-v2-vocab32768-m64' -> ('chain-v2', {'draft_vocab': 32768, 'candidates': 64})."""
     options = {}
-    while match := re.fullmatch(r"(.+)-(vocab|m|b|leaves)(\d+)", method):
+    while match := re.fullmatch(r"(.+)-(vocab|m|b|leaves|stepleaves)(\d+)", method):
         method, options = match[1], {OPTION_SUFFIXES[match[2]]: int(match[3]), **options}
     return method, options
 

@@ -8,7 +8,7 @@ import torch
 
 from vllm_dominotree.demo.toy_pair import random_domino_head
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees
-from vllm_dominotree.tree.scorers import ConditionalScorer
+from vllm_dominotree.tree.scorers import ConditionalScorer, padded_rows
 
 
 def prepared_scorers(
@@ -169,16 +169,20 @@ def check_launch_size_decides_the_table(dtype=torch.float32, tolerance=1e-4, dev
 def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     """The device builder and the host heap on the Triton step: the same trees, bit for
     bit (float64 scores, pop order), ties in the marginals included, some with their
-    leaves limited. rows: the scorer's requests (up to TABLE_ROWS: the GRU's input
-    products from the candidates' table)."""
+    leaves limited, per tree or per step (the heap takes the builder's step shape). rows:
+    the scorer's requests (up to TABLE_ROWS: the GRU's input products from the
+    candidates' table)."""
     gen = torch.Generator().manual_seed(300 + seed)
     budget = int(torch.randint(1, 20, (1,), generator=gen))
     children = int(torch.randint(1, 5, (1,), generator=gen))
     leaves = (0, 2, 1, 0, 3, 1)[seed % 6]
-    shape = TreeShape(
-        budget, max_depth=5, max_children=children, spine=bool(seed % 2), max_leaves=leaves
-    )
     requests = int(torch.randint(1, min(rows, 5) + 1, (1,), generator=gen))
+    # two leaves a tree, shared over the step's padded rows
+    step_leaves = 2 * padded_rows(requests, rows) if seed % 6 == 3 else 0
+    if step_leaves:  # trees that would branch more than twice
+        budget, children = max(budget, 10), 4
+    shape = TreeShape(budget, max_depth=5, max_children=children, spine=bool(seed % 2),
+                      max_leaves=leaves, step_leaves=step_leaves)  # fmt: skip
     vocab, hidden = 40, 24
     head = random_domino_head(hidden=hidden, vocab=vocab, gru_hidden=20, emb_dim=8, seed=seed)
     embed = torch.randn(vocab, hidden, generator=gen)
@@ -190,10 +194,10 @@ def check_trees_equal_heap(seed: int, rows: int = 8) -> None:
     if ties:  # rounded marginals, uncorrected: equal offers from different nodes
         scorer.base.copy_(scorer.base.round())
     anchors = torch.randint(0, vocab, (requests,), generator=gen).tolist()
-    host = build_trees(scorer, anchors, shape)
     builder = DeviceTreeBuilder(
         scorer, shape, chain=False, max_requests=rows, device=torch.device("cpu")
     )
+    host = build_trees(scorer, anchors, builder.step_shape(requests))
     device = builder.build(torch.tensor(anchors))
     fields = [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in host]
     assert fields == [(t.tokens, t.parents, t.depths, t.scores, t.children) for t in device]

@@ -13,7 +13,12 @@ from tree_helpers import node_path, random_domino_checkpoint
 from vllm_dominotree.drafter import Drafter
 from vllm_dominotree.tree import DeviceTreeBuilder, TreeShape, build_trees, make_scorer, scorers
 from vllm_dominotree.tree.ancestry import TOKEN
-from vllm_dominotree.tree.scorers import REDUCTION_CHUNK, best_and_log_normalizer, top_by_rank
+from vllm_dominotree.tree.scorers import (
+    REDUCTION_CHUNK,
+    best_and_log_normalizer,
+    padded_rows,
+    top_by_rank,
+)
 
 V, K = 40, 5
 
@@ -282,6 +287,19 @@ def test_max_leaves_limits_the_leaves_and_deepens_them(head, kind):
     assert max(leaf_counts[0]) > 3, leaf_counts  # the limits above did bind
 
 
+def test_step_leaves_are_shared_over_the_padded_rows():
+    """A step of p padded rows gives each tree step_leaves // p leaves (at least one,
+    within max_leaves); a share of the budget or more changes nothing."""
+    shape = TreeShape(16, max_depth=K, max_children=16, step_leaves=64)
+    leaves = {rows: shape.for_rows(rows).max_leaves for rows in (1, 2, 4, 8, 16, 32, 64, 128)}
+    assert leaves == {1: 0, 2: 0, 4: 0, 8: 8, 16: 4, 32: 2, 64: 1, 128: 1}
+    assert shape.for_rows(16).max_branches == 3 and shape.for_rows(4).max_branches == 16
+    capped = TreeShape(16, max_depth=K, max_children=16, max_leaves=3, step_leaves=64)
+    assert capped.for_rows(16) is capped and capped.for_rows(32).max_leaves == 2
+    unlimited = TreeShape(16, max_depth=K, max_children=16)
+    assert unlimited.for_rows(64) is unlimited
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("kind", ["conditional", "marginal"])
 def test_device_builder_equals_host_heap(head, seed, kind):
@@ -289,23 +307,29 @@ def test_device_builder_equals_host_heap(head, seed, kind):
     for bit: tokens, parents, depths, float64 scores, and pop order (slot numbering).
     Marginal logits rounded to integers make many scores tie, so the heap's push-order
     tie-breaking is exercised; small budgets and widths run frontiers dry; half the seeds
-    limit the leaves."""
+    limit the leaves, per tree or (a quarter) per step, over the padded rows."""
     gen = torch.Generator().manual_seed(200 + seed)
     budget = int(torch.randint(1, 24, (1,), generator=gen))
     children = int(torch.randint(1, 5, (1,), generator=gen))
     spine = bool(seed % 2)
     leaves = int(torch.randint(1, 4, (1,), generator=gen)) if seed % 4 >= 2 else 0
-    shape = TreeShape(budget, max_depth=K, max_children=children, spine=spine, max_leaves=leaves)
     requests = int(torch.randint(1, 6, (1,), generator=gen))
+    step_leaves = 2 * padded_rows(requests, 8) if seed % 4 == 1 else 0  # two a tree
+    if step_leaves:  # trees that would branch more than twice
+        budget, children = max(budget, 10), 4
+    shape = TreeShape(budget, max_depth=K, max_children=children, spine=spine, max_leaves=leaves,
+                      step_leaves=step_leaves)  # fmt: skip
     hidden, base, embed, anchors = random_step(head, requests, seed)
     if seed % 3 == 0:
         base = base.round()  # ties
     scorer = scorer_of(kind, head, embed, shape, requests=8)
     scorer.prepare(hidden, base)
-    host = build_trees(scorer, anchors, shape)
+    host = build_trees(scorer, anchors, shape.for_rows(padded_rows(requests, 8)))
     device = device_trees(scorer, shape, anchors, max_requests=8)
     assert as_tuples(device) == as_tuples(host)
     assert all(t.num_nodes > 1 for t in host)
+    if step_leaves:
+        assert max(sum(not c for c in t.children) for t in host) <= 2
 
 
 @pytest.mark.parametrize("kind", ["conditional", "marginal", "chain"])

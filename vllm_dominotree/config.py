@@ -169,6 +169,16 @@ class DominoTreeConfig:
     # verification at large batches; once a tree has this many leaves, the build only
     # deepens them.
     max_leaves: int = 0
+    # Leaves all the trees of a step may have together, shared evenly over its padded
+    # rows: each tree at most max(1, step_leaves // rows), within max_leaves (tree/
+    # builder.py, TreeShape.for_rows); 0 = no limit. Each leaf is a path request, so
+    # a step's verification grows with its leaves: on an H100 (random Qwen3-4B-shaped
+    # pair, benchmarks/results/h100_2026-12-07d/) a batch-16 round of 16-leaf trees took
+    # 10.85 ms, of 4-leaf trees 8.85, against DFlash's 6.89, where at batch 1 the leaves
+    # changed nothing (6.01 / 6.00). 64 leaves leave batches of up to 4 unlimited at
+    # budget 16 and give batch 16 four leaves a tree (SmolLM2's drafter: accept 1.70
+    # against 1.79 at budget 16 on the CPU).
+    step_leaves: int = 64
     # Grow the greedy path to full depth before branching, so that the tree always
     # contains the chain (see tree/builder.py). Costs depth's worth of budget.
     spine: bool = False
@@ -197,7 +207,12 @@ class DominoTreeConfig:
                 "pick budget <= 64"
             )
         # Options whose 0 means "none": the whole vocabulary, no leaf limit.
-        for name, zero in (("draft_vocab", "the whole vocabulary"), ("max_leaves", "no limit")):
+        zeros = {
+            "draft_vocab": "the whole vocabulary",
+            "max_leaves": "no limit",
+            "step_leaves": "no limit",
+        }
+        for name, zero in zeros.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise DominoTreeConfigError(
@@ -252,4 +267,5 @@ class DominoTreeConfig:
             max_children=self.max_children or self.budget,
             spine=self.spine,
             max_leaves=self.max_leaves,
+            step_leaves=self.step_leaves,
         )

@@ -37,6 +37,7 @@ from .conftest import PROMPTS, dominotree, greedy, make_llm
         ({"num_speculative_tokens": 9}, "contradicts the tree's node budget 16"),
         ({"spine": "yes"}, "spine must be true or false"),
         ({"max_leaves": -1}, "max_leaves must be 0 (no limit) or a positive integer, got -1"),
+        ({"step_leaves": 2.5}, "step_leaves must be 0 (no limit) or a positive integer, got 2.5"),
         ({"model_runner": "v3"}, "model_runner 'v3' is unknown"),
     ],
 )
@@ -339,11 +340,13 @@ def test_the_chain_is_a_path_of_budget_drafts():
     assert DominoTreeConfig(scorer="chain", budget=16).tree_shape(16) == TreeShape(16, 16, 1)
     assert DominoTreeConfig(scorer="chain", budget=32).tree_shape(16) == TreeShape(16, 16, 1)
     tree = DominoTreeConfig(scorer="conditional", budget=4).tree_shape(16)
-    assert tree == TreeShape(budget=4, max_depth=4, max_children=4)
+    assert tree == TreeShape(budget=4, max_depth=4, max_children=4, step_leaves=64)
     # a tree's leaf limit reaches its shape (0: none, as many branches as the budget)
     limited = DominoTreeConfig(scorer="conditional", max_leaves=4).tree_shape(16)
     assert limited.max_leaves == 4 and limited.max_branches == 3
     assert tree.max_leaves == 0 and tree.max_branches == tree.budget
+    # so does the step's (the default 64 shared over a step's padded rows, 0: none)
+    assert DominoTreeConfig(step_leaves=0).tree_shape(16).step_leaves == 0
 
 
 def test_bfloat16_on_a_cpu_without_native_bf16_is_named_at_startup(pair_dirs, monkeypatch):

@@ -147,6 +147,16 @@ def test_max_leaves_bounds_every_trees_leaves(pair_dirs, expected):
     assert stats["tree_leaves"] <= 2 * stats["trees"], stats
 
 
+def test_step_leaves_of_one_make_every_tree_a_path(pair_dirs, expected):
+    """`step_leaves`: a step's trees share that many leaves (at least one each), so with
+    one every tree of every step is a single path, whatever the batch; the engine says
+    so and the output is the target's own."""
+    outputs, stats = greedy_and_stats(pair_dirs, step_leaves=1)
+    assert outputs == expected
+    assert stats["trees"] > 0 and stats["step_leaves"] == 1, stats
+    assert stats["tree_leaves"] == stats["trees"], stats
+
+
 def test_the_engine_runs_on_the_openmp_runtime_the_entry_points_preload(
     pair_dirs, expected, monkeypatch
 ):

@@ -41,31 +41,34 @@ def step_inputs(requests: int, seed: int):
     return hidden, base, anchors
 
 
-# (kind, budget, M, spine, the conditional scorer's Triton step, max leaves)
+NO_LIMIT, LEAVES4, STEP32 = {}, {"max_leaves": 4}, {"step_leaves": 32}
+# (kind, budget, M, spine, the conditional scorer's Triton step, leaf limits; STEP32 gives
+# the 8 requests' step 4 leaves a tree and leaves the single request's tree unlimited)
 CASES = [
-    ("conditional", 16, 64, False, False, 0),
-    ("conditional", 16, 64, False, True, 0),
-    ("conditional", 16, 64, False, True, 4),  # the pop's leaf limit in the Triton pop
-    ("conditional", 32, 128, True, False, 0),
-    ("conditional", 64, 32, False, True, 0),
-    ("marginal", 16, 64, False, False, 0),
-    ("marginal", 16, 64, False, False, 4),
-    ("chain", K, VOCAB, False, False, 0),  # the released decoder
-    ("chain", K, 64, False, False, 0),  # the chain on the top-M candidates
-    ("chain", K, 64, False, True, 0),  # the same on the Triton step (CUDA's default)
+    ("conditional", 16, 64, False, False, NO_LIMIT),
+    ("conditional", 16, 64, False, True, NO_LIMIT),
+    ("conditional", 16, 64, False, True, LEAVES4),  # the pop's leaf limit in the Triton pop
+    ("conditional", 16, 64, False, True, STEP32),  # each padded size's graph its own limit
+    ("conditional", 32, 128, True, False, NO_LIMIT),
+    ("conditional", 64, 32, False, True, NO_LIMIT),
+    ("marginal", 16, 64, False, False, NO_LIMIT),
+    ("marginal", 16, 64, False, False, LEAVES4),
+    ("chain", K, VOCAB, False, False, NO_LIMIT),  # the released decoder
+    ("chain", K, 64, False, False, NO_LIMIT),  # the chain on the top-M candidates
+    ("chain", K, 64, False, True, NO_LIMIT),  # the same on the Triton step (CUDA's default)
 ]
 
 
 @pytest.mark.parametrize("requests", [1, 8])
-@pytest.mark.parametrize("kind, budget, candidates, spine, kernels, leaves", CASES)
+@pytest.mark.parametrize("kind, budget, candidates, spine, kernels, limits", CASES)
 def test_device_trees_equal_host_heap(
-    head, embed, requests, kind, budget, candidates, spine, kernels, leaves
+    head, embed, requests, kind, budget, candidates, spine, kernels, limits
 ):
     chain = kind == "chain"
     shape = (
         TreeShape(budget=K, max_depth=K, max_children=1)
         if chain
-        else TreeShape(budget, max_depth=K, max_children=budget, spine=spine, max_leaves=leaves)
+        else TreeShape(budget, max_depth=K, max_children=budget, spine=spine, **limits)
     )
     scorer = make_scorer(
         kind,
@@ -88,7 +91,9 @@ def test_device_trees_equal_host_heap(
             base[:, :, 0] += 40
         scorer.prepare(hidden, base)
         device = builder.build(anchors)
-        host = build_trees(scorer, anchors.tolist(), shape)
+        step_shape = builder.step_shape(requests)
+        host = build_trees(scorer, anchors.tolist(), step_shape)
+        leaves = step_shape.max_leaves
         for d, h in zip(device, host, strict=True):
             assert (d.tokens, d.parents, d.depths) == (h.tokens, h.parents, h.depths)
             assert d.scores == h.scores  # bit-identical float64, not approximately

@@ -154,7 +154,9 @@ class DominoTreeProposer(DFlashProposer):
             self.builder.launch(anchors)
         else:
             self.builder.counts.eager_builds += 1
-            self.builder.store(build_trees(self.scorer, anchors.tolist(), self.shape))
+            self.builder.store(
+                build_trees(self.scorer, anchors.tolist(), self.builder.step_shape(len(anchors)))
+            )
         self.times.mark(self.times.BUILT)
 
     @torch.inference_mode()

@@ -205,6 +205,7 @@ class DominoTreeV2RunnerMixin:
             "candidates": corrected_candidates(self.speculator.scorer),
             "budget": self.speculator.shape.budget,
             "max_leaves": self.speculator.shape.max_leaves,
+            "step_leaves": self.speculator.shape.step_leaves,
             "stage_seconds": dict(self.stage_clock.seconds),
         }
         if self._trees:

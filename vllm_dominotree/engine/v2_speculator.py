@@ -154,7 +154,9 @@ class DominoTreeSpeculator(DFlashSpeculator):
             self.builder.anchors[:num_reqs].copy_(anchors)
             self.builder.grow(padded_rows(num_reqs, self.max_num_reqs))
         else:  # the host heap: the same trees, fewer torch calls without graphs
-            self.builder.store(build_trees(self.scorer, anchors.tolist(), self.shape))
+            self.builder.store(
+                build_trees(self.scorer, anchors.tolist(), self.builder.step_shape(len(anchors)))
+            )
         budget = self.shape.budget
         nodes = self.builder.table[TOKEN, :num_reqs, 1 : budget + 1]  # topological order
         self.draft_tokens[:num_reqs, :budget] = nodes.clamp(min=0)  # -1: no node

@@ -13,7 +13,9 @@ best-first only after the spine.
 
 With `max_leaves`, a tree stops branching once it has that many leaves: a node's first
 child replaces it as a leaf, every later child adds one, so past the limit only first
-children are popped (the others stay unpopped, as if their scores were -inf).
+children are popped (the others stay unpopped, as if their scores were -inf). With
+`step_leaves`, a step's trees share that many leaves (`TreeShape.for_rows`: the builders
+take the shape of the step's padded rows), so a large batch verifies fewer paths.
 
 Scorers (see scorers.py) decide what a node's children are:
   conditional - Domino's correction along the node's own path (DominoTree),
@@ -25,7 +27,7 @@ node and a budget of one block.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 ROOT = 0
@@ -41,12 +43,25 @@ class TreeShape:
     spine: bool = False
     # At most this many leaves (root-to-leaf paths) per tree; 0: no limit.
     max_leaves: int = 0
+    # At most this many leaves over a step's trees together, shared out evenly over the
+    # step's padded rows (`for_rows`); 0: no limit.
+    step_leaves: int = 0
 
     def __post_init__(self) -> None:
         if min(self.budget, self.max_depth, self.max_children) < 1:
             raise ValueError(f"tree budget, depth and children must be >= 1, got {self}")
-        if self.max_leaves < 0:
-            raise ValueError(f"max_leaves must be >= 0, got {self}")
+        if min(self.max_leaves, self.step_leaves) < 0:
+            raise ValueError(f"max_leaves and step_leaves must be >= 0, got {self}")
+
+    def for_rows(self, rows: int) -> TreeShape:
+        """Each tree's shape in a step of `rows` padded rows (scorers.padded_rows, which
+        both builders share): max_leaves lowered to the rows' share of step_leaves, at
+        least one leaf (a path). A tree of `budget` nodes has at most `budget` leaves, so
+        a share that large changes nothing."""
+        share = max(1, self.step_leaves // rows) if self.step_leaves else self.budget
+        if share >= min(self.max_leaves or self.budget, self.budget):
+            return self
+        return replace(self, max_leaves=share)
 
     @property
     def max_branches(self) -> int:

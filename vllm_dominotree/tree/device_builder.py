@@ -28,7 +28,8 @@ log-probs in the same order as the heap, hence are the same doubles.
 
 With `spine`, the spine tip's best child is owed before anything is popped (builder.py).
 With `max_leaves`, a row that has taken its `max_branches` pops of a later child offers
-first children only (`branches` counts them; builder.py).
+first children only (`branches` counts them; builder.py); with `step_leaves`, the limit
+is the padded rows' share (TreeShape.for_rows), a constant of each padded size's graph.
 The chain (one child per node, one block) is the scorer's own unrolled decoder.
 
 A build may begin with the scorer's preparation (`prepare`: the drafter's logits and the
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..cuda_graphs import capture
 from .ancestry import NUM_FIELDS, describe_slots
 from .builder import DraftTree, TreeShape
 from .scorers import ConditionalScorer, MarginalScorer, compiled, padded_rows
@@ -145,6 +147,11 @@ class DeviceTreeBuilder:
         self.launch(anchors)
         return self.collect(anchors.shape[0])
 
+    def step_shape(self, n: int) -> TreeShape:
+        """Each tree's shape in a build of n requests (its padded rows' share of
+        step_leaves): what the host heap takes to build the trees this builder would."""
+        return self.shape.for_rows(padded_rows(n, self.max_requests))
+
     def prepares(self, n: int) -> bool:
         """Whether a build of n requests prepares the scorer itself."""
         return padded_rows(n, self.max_requests) <= self.prepare_rows
@@ -188,7 +195,7 @@ class DeviceTreeBuilder:
         torch.cuda.current_stream().wait_stream(side)
         for p in reversed(sizes):  # the largest first: later graphs reuse its pool
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with capture(graph, pool=self._pool):
                 self.grow(p)
             self._pool = graph.pool()
             self._graphs[p] = graph
@@ -206,30 +213,32 @@ class DeviceTreeBuilder:
         # The root is the first new node; each iteration asks the scorer for the last new
         # node's children, files them in the frontier, and pops the next node.
         node, parent, token, depth, expand = self._start(anchors)
+        max_branches = self.shape.for_rows(p).max_branches  # a step's share of step_leaves
         for t in range(self.shape.budget):  # the last pop fills the tree: no children after
             node, parent, token, depth, expand = self._pop(
-                t, rows, node, parent, token, depth, expand
+                t, rows, max_branches, node, parent, token, depth, expand
             )
         self._finish(p)
 
-    def _pop(self, t, rows, node, parent, token, depth, expand):
-        """Iteration t for [p] rows: the children of every row's last new node (rows
-        that expand nothing come as the scorer's scratch state slot at depth 0), filed,
-        then one pop -> the next node as the next step takes it: its state slot, parent,
-        token, depth, whether it expands."""
+    def _pop(self, t, rows, max_branches, node, parent, token, depth, expand):
+        """Iteration t for [p] rows whose trees may take `max_branches` later-child pops:
+        the children of every row's last new node (rows that expand nothing come as the
+        scorer's scratch state slot at depth 0), filed, then one pop -> the next node as
+        the next step takes it: its state slot, parent, token, depth, whether it
+        expands."""
         p = rows.shape[0]
         # The new node's children's push, then the popped node's next sibling's.
         record_seq, pop_seq = self.seqs[2 * t], self.seqs[2 * t + 1]
         if self._kernel_step is None:
             logprobs, tokens = self.scorer.children(rows, node, parent, token, depth)
-            filed = (node, expand, logprobs, tokens, record_seq, pop_seq)
+            filed = (node, expand, logprobs, tokens, record_seq, pop_seq, max_branches)
             return self._advance(self._frontier(p), *filed)
         from ..kernels.domino_step import PopTables
 
         out = tuple(o[:p] for o in self._pop_out[t % 2])
         shape = self.shape
         pop = PopTables(self._frontier(p), expand, record_seq, pop_seq, out, shape.budget,
-                        shape.max_depth, shape.max_branches)  # fmt: skip
+                        shape.max_depth, max_branches)  # fmt: skip
         self._kernel_step.gru(rows, node, parent, token, depth)
         self._kernel_step.children(rows, node, depth, pop)
         return out
@@ -293,12 +302,21 @@ class DeviceTreeBuilder:
         self._describe(tokens, parents, depths, self.table[:, :p, :s])
 
     def _advance_rows(
-        self, frontier, new_node, new_expanded, new_logprobs, new_tokens, record_seq, pop_seq
+        self,
+        frontier,
+        new_node,
+        new_expanded,
+        new_logprobs,
+        new_tokens,
+        record_seq,
+        pop_seq,
+        max_branches,
     ):
         """File the children of every row's last new node ([p] slots; rows with
         `new_expanded` False file into the scratch slot), then pop once per row
-        ([p, slots + 1] tables, updated in place) -> the popped node's slot, parent,
-        token, depth, and whether it needs children."""
+        ([p, slots + 1] tables, updated in place; at most `max_branches` later-child pops
+        a tree) -> the popped node's slot, parent, token, depth, and whether it needs
+        children."""
         tokens, parents, depths, scores, child_logprobs, child_tokens = frontier[:6]
         next_rank, push_seq, count, spine_tip, branches = frontier[6:]
         rows = torch.arange(tokens.shape[0], device=tokens.device)
@@ -313,7 +331,7 @@ class DeviceTreeBuilder:
         # its branches, a row offers first children only.
         shape, c, slots = self.shape, self.scorer.max_children, self.slots
         offered = (next_rank[:, :slots] < c) & (
-            (next_rank[:, :slots] == 0) | (branches < shape.max_branches)[:, None]
+            (next_rank[:, :slots] == 0) | (branches < max_branches)[:, None]
         )
         rank = next_rank[:, :slots].clamp(max=c - 1)
         offer = scores[:, :slots] + child_logprobs[:, :slots].gather(2, rank[..., None])[..., 0]
