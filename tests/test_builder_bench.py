@@ -30,7 +30,7 @@ def test_the_chain_is_timed_beside_the_trees(tmp_path):
         ([15, 15, 1], True),
         ([15, 15, 15], False),
     ]
-    assert "| chain | 1 | 15 | 64 | device |" in (tmp_path / "builder_bench.md").read_text()
+    assert "| chain | 1 | 15 | 64 | - | device |" in (tmp_path / "builder_bench.md").read_text()
 
 
 def test_a_chain_longer_than_the_drafters_block_is_refused(tmp_path):
