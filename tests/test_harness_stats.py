@@ -118,7 +118,11 @@ def test_a_method_may_name_a_draft_vocabulary_candidates_and_leaves():
         **harness.METHODS["conditional-16"],
         "max_leaves": 4,
     }
+    assert harness.method_spec("conditional-16-s0") == {
+        **harness.METHODS["conditional-16"],
+        "step_leaves": 0,
+    }
     assert harness.known_method("conditional-16-v0") == "conditional-16-v0"
-    for name in ("no-spec-v8192", "ngram-m16", "conditional-4-x16", "ngram-l2"):
+    for name in ("no-spec-v8192", "ngram-m16", "conditional-4-x16", "ngram-l2", "ngram-s0"):
         with pytest.raises(harness.argparse.ArgumentTypeError, match="unknown method"):
             harness.known_method(name)

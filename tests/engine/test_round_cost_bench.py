@@ -205,6 +205,13 @@ def test_a_variant_the_engine_did_not_run_stops_the_bench():
     check_variant_ran("conditional-v2-leaves4", {}, {"max_leaves": 4})
     with pytest.raises(RuntimeError, match="ran max_leaves 0, not the 4 asked for"):
         check_variant_ran("conditional-v2-leaves4", {}, {"max_leaves": 0})
+    # And the leaves a step's trees share (`-stepleavesN`; 0: none).
+    assert split_options("conditional-v2-stepleaves0-leaves4") == (
+        "conditional-v2",
+        {"step_leaves": 0, "max_leaves": 4},
+    )
+    with pytest.raises(RuntimeError, match="ran step_leaves 64, not the 0 asked for"):
+        check_variant_ran("conditional-v2-stepleaves0", {}, {"step_leaves": 64})
 
 
 def test_each_method_runs_cudas_budget():
