@@ -187,6 +187,7 @@ def tree_fields(method: str, environment: dict[str, str], stats: dict) -> dict:
     check_variant_ran(method, environment, stats)
     fields = {stat: stats.get(stat, "") for stat in VARIANT_STATS.values()}
     fields["mean_leaves"] = stats.get("mean_leaves", "")
+    fields["step_leaves"] = stats.get("step_leaves", "")  # the leaves a step's trees share
     steps = stats.get("steps", 0)
     one_pass = stats.get("one_pass_steps")
     fields["one_pass_share"] = one_pass / steps if steps and one_pass is not None else ""
@@ -493,11 +494,14 @@ def gathered_rows(out: Path) -> list[dict]:
 
 
 def trees_cell(row: dict) -> str:
-    """The tree attention a plugin row ran, its trees' mean leaves and the share of its
-    steps that ran one pass ("-" for rows without trees)."""
+    """The tree attention a plugin row ran, its trees' mean leaves (and the leaves a
+    step's trees share, where limited) and the share of its steps that ran one pass ("-"
+    for rows without trees)."""
     if not row.get("tree_attention"):
         return "-"
     cell = f"{row['tree_attention']}, {row['mean_leaves']:.1f} leaves"
+    if row.get("step_leaves"):
+        cell += f" ({row['step_leaves']} a step)"
     share = row.get("one_pass_share")
     return cell + (f", {share:.0%} one pass" if share != "" else "")
 

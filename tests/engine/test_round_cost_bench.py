@@ -243,6 +243,10 @@ def test_a_rows_trees_come_from_the_engines_report():
     assert trees_cell(tree_fields("conditional-v2", {}, one_pass)) == (
         "one-pass, 3.5 leaves, 75% one pass"
     )
+    shared = one_pass | {"step_leaves": 64}
+    assert trees_cell(tree_fields("conditional-v2", {}, shared)) == (
+        "one-pass, 3.5 leaves (64 a step), 75% one pass"
+    )
     with pytest.raises(RuntimeError, match="tree_attention 'one-pass'"):
         tree_fields(method, split_variants(method)[2], one_pass)
     chain = tree_fields("chain-v2", {}, {"scorer_step": "torch"})  # vLLM verifies the chain
