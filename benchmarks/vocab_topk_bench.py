@@ -1,7 +1,7 @@
 """The vocabulary's top M per depth, as the scorers' prepare takes it (tree/scorers.py):
-torch.topk over each whole row against two stages of torch.topk (each of a row's equal
-chunks' top M, then the row's top M of those), which gives the GPU many short slices
-where 16 rows of 151,936 logits give it 16 long ones.
+torch.topk over each whole row against the top M through the chunks' maxima
+(scorers.vocab_topk, CUDA's default: a reduction over the row, the top M chunks, the top M
+of their logits), for chunks of each size given.
 
     python benchmarks/vocab_topk_bench.py --out DIR [--device cuda] [--batches 1 16 64]
 
@@ -9,8 +9,9 @@ Rows = batch x 16 depths of random bf16 logits (Qwen3's vocabulary), M 64. On CU
 variant is captured in a CUDA graph (the build replays prepare inside its graph) and timed
 over --rounds replays with events; on CPU, eagerly. Each variant must give torch.topk's
 values, best first, at indices that hold them (equal values may come in another order).
-The top M in a Triton kernel of its own was slower than torch.topk at every batch
-(benchmarks/results/h100_2026-12-05d/builder_topk/). Writes vocab_topk_bench.{json,md}.
+Slower than torch.topk at every batch, and removed: the top M in a Triton kernel of its own
+(benchmarks/results/h100_2026-12-05d/builder_topk/) and two stages of torch.topk over
+equal chunks (h100_2026-12-05e/vocab_topk/). Writes vocab_topk_bench.{json,md}.
 """
 
 from __future__ import annotations
@@ -25,25 +26,20 @@ from pathlib import Path
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
+from vllm_dominotree.tree.scorers import vocab_topk
+
 DEPTHS = 16
 
 
-def two_stage_topk(logits: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, V] -> the top k (values, indices) best first, by each of `chunks` equal
-    chunks' top k (V divisible by chunks), then the top k of those."""
-    rows, width = logits.shape
-    parts = logits.view(rows, chunks, width // chunks)
-    values, index = parts.topk(k, dim=-1, sorted=False)  # [rows, chunks, k]
-    offsets = torch.arange(chunks, device=logits.device) * (width // chunks)
-    best, at = values.flatten(1).topk(k, dim=-1)  # [rows, k]
-    return best, (index + offsets[:, None]).flatten(1).gather(1, at)
-
-
-def variants(width: int, chunk_counts: list[int]) -> dict[str, Callable]:
+def variants(width: int, k: int, chunk_sizes: list[int]) -> dict[str, Callable]:
+    """torch.topk, and the chunk maxima's top k for each chunk size that takes that path
+    (vocab_topk falls back to torch.topk otherwise: no variant then)."""
     found = {"torch.topk": lambda x, k: x.topk(k, dim=-1)}
-    for c in chunk_counts:
-        if width % c == 0:
-            found[f"two stages, {c} chunks"] = lambda x, k, c=c: two_stage_topk(x, k, c)
+    for c in chunk_sizes:
+        if width % c == 0 and width // c >= 4 * k:
+            found[f"chunk maxima, chunks of {c}"] = lambda x, k, c=c: vocab_topk(
+                x, k, chunked=True, chunk=c
+            )
     return found
 
 
@@ -90,7 +86,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--m", type=int, default=64)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[16, 32, 64, 128])
+    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--rounds", type=int, default=50)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -99,7 +95,7 @@ def main() -> None:
     for batch in args.batches:
         logits = (3 * torch.randn(batch * DEPTHS, args.vocab, generator=gen)).bfloat16()
         logits = logits.to(device)
-        for name, fn in variants(args.vocab, args.chunks).items():
+        for name, fn in variants(args.vocab, args.m, args.chunk_sizes).items():
             values, index = fn(logits, args.m)
             row = {
                 "batch": batch,

@@ -16,22 +16,23 @@ import vocab_topk_bench
 
 def test_every_variant_gives_the_top(tmp_path, monkeypatch):
     argv = ["vocab_topk_bench.py", "--out", str(tmp_path), "--device", "cpu", "--batches", "1"]
-    argv += ["--vocab", "3072", "--chunks", "4", "8", "5", "--rounds", "2"]
+    argv += ["--vocab", "3072", "--m", "8", "--chunk-sizes", "8", "16", "5", "128"]
+    argv += ["--rounds", "2"]
     monkeypatch.setattr(sys, "argv", argv)
     vocab_topk_bench.main()
     rows = json.loads((tmp_path / "vocab_topk_bench.json").read_text())["rows"]
-    # 5 chunks do not divide 3072: not a variant
+    # 5 does not divide 3072, and 3072 / 128 is under 4 x 8 chunks: not variants
     assert [r["variant"] for r in rows] == [
         "torch.topk",
-        "two stages, 4 chunks",
-        "two stages, 8 chunks",
+        "chunk maxima, chunks of 8",
+        "chunk maxima, chunks of 16",
     ]
     assert all(r["is_the_top"] for r in rows)
 
 
 def test_the_check_sees_a_wrong_top():
     logits = torch.randn(3, 512).bfloat16()
-    values, index = vocab_topk_bench.two_stage_topk(logits, 16, 8)
+    values, index = vocab_topk_bench.variants(512, 16, [8])["chunk maxima, chunks of 8"](logits, 16)
     assert vocab_topk_bench.is_the_top(logits, 16, values, index)
     wrong = index.clone()
     wrong[1, 3] = wrong[1, 4]  # a repeated index
