@@ -1,6 +1,7 @@
 """tree/scorers.vocab_topk: the top k through the chunks' maxima (CUDA's path, forced here
-on the CPU) gives torch.topk's values, best first, at distinct indices that hold them,
-also where the top values crowd one chunk, spread one to a chunk, or tie."""
+on the CPU) gives a stable descending sort's first k, values and indices (torch.topk's
+values, equal values in index order), also where the top values crowd one chunk, spread
+one to a chunk, or tie; and the same on every call."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from vllm_dominotree.tree.scorers import vocab_topk
 
 
 def assert_is_the_top(logits: torch.Tensor, k: int, values: torch.Tensor, index: torch.Tensor):
-    want = logits.topk(k, dim=-1).values
-    assert torch.equal(values, want)
-    assert torch.equal(logits.gather(-1, index), values)
-    assert (index.sort(-1).values.diff(dim=-1) > 0).all(), "an index taken twice"
+    want = logits.sort(dim=-1, descending=True, stable=True)
+    assert torch.equal(values, want.values[..., :k])
+    assert torch.equal(index, want.indices[..., :k])
+    assert torch.equal(values, logits.topk(k, dim=-1).values)
 
 
 def chunked(logits: torch.Tensor, k: int, chunk: int = 16):
@@ -47,10 +48,13 @@ def test_ties_and_masked_tokens():
     gen = torch.Generator().manual_seed(1)
     ties = torch.randint(0, 4, (4, 2048), generator=gen).float()
     assert_is_the_top(ties, 16, *chunked(ties, 16))
+    signed_zeros = torch.zeros(1, 2048)
+    signed_zeros[0, ::3] = -0.0
+    assert_is_the_top(signed_zeros, 8, *chunked(signed_zeros, 8))
     masked = torch.full((2, 2048), float("-inf"))
     masked[0, [3, 900, 2047]] = torch.tensor([1.0, 2.0, 0.5])
     values, index = chunked(masked, 8)
-    assert torch.equal(values, masked.topk(8, dim=-1).values)
+    assert_is_the_top(masked, 8, values, index)
     assert values[0, :3].tolist() == [2.0, 1.0, 0.5] and index[0, :3].tolist() == [900, 3, 2047]
 
 
