@@ -235,6 +235,19 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     # acceptance kernel (CUDA's default).
     assert stats["graph_accepts"] == stats["steps"] > 0 and stats["eager_accepts"] == 0
     assert stats["accept_kernel"] == "triton"
+    # Every build inside DFlash's FULL graphs: none by the host outside them.
+    assert stats["graph_builds"] == stats["eager_builds"] == 0
+
+
+def test_trees_past_vllms_capture_sizes_build_in_the_builders_graph(dirs, expected):
+    """V2 with vLLM's graphs capped at 8 tokens: every step's forward and draft run
+    eagerly (16 query rows a request), and the trees come from replays of the builder's
+    own graphs (v2_speculator.capture_builder), not from its eager body."""
+    config = {"method": "dominotree", "model": str(dirs[1]), "model_runner": "v2"}
+    tokens, stats = generate(dirs, config, compilation_config={"max_cudagraph_capture_size": 8})
+    print("conditional-v2-capture8", stats)
+    assert tokens == expected[: len(PROMPTS)]
+    assert stats["graph_builds"] >= stats["steps"] > 0 and stats["eager_builds"] == 0
 
 
 @pytest.mark.parametrize("step", ["default", "torch"])

@@ -176,9 +176,11 @@ class DominoTreeV2RunnerMixin:
             out = super().capture_model(*args, **kwargs)
         finally:
             self._verification.capturing = False
-        if self._accept_graphs is not None and not kwargs.get("profile_only", False):
-            self._tree_buffers.clear()  # no trees: the warm-up runs move no K/V
-            self._accept_graphs.capture()
+        if not kwargs.get("profile_only", False):
+            self.speculator.capture_builder()
+            if self._accept_graphs is not None:
+                self._tree_buffers.clear()  # no trees: the warm-up runs move no K/V
+                self._accept_graphs.capture()
         return out
 
     def execute_model(self, *args, **kwargs):
@@ -195,8 +197,10 @@ class DominoTreeV2RunnerMixin:
 
     def stats_report(self) -> dict:
         """How this engine verifies and, for trees, the step counters V2 keeps (V1's
-        others, graph and build counts, are not kept here: left out, not zero). The chain
-        is verified by vLLM: its spec-decode metrics count it."""
+        others, graph counts, are not kept here: left out, not zero) and the builds that
+        ran outside vLLM's graphs: replays of the builder's own graph, or eager (those
+        in vLLM's FULL graphs replay with them, unseen). The chain is verified by vLLM:
+        its spec-decode metrics count it."""
         report = {
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
@@ -212,6 +216,9 @@ class DominoTreeV2RunnerMixin:
             self._fold_step_stats(wait=True)
             stats = self._stats
             report |= {name: getattr(stats, name) for name in V2_COUNTERS}
+            builds = self.speculator.builder.counts
+            report["graph_builds"] = builds.graph_builds
+            report["eager_builds"] = builds.eager_builds
             report["mean_accept_length"] = stats.mean_accept_length
             report["mean_leaves"] = stats.mean_leaves
             report["tree_attention"] = self.tree_attention

@@ -38,9 +38,10 @@ from ..drafter.checkpoint import read_spec
 from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..tree.ancestry import TOKEN
 from ..tree.builder import build_trees
-from ..tree.device_builder import DeviceTreeBuilder
+from ..tree.device_builder import BuildCounts, DeviceTreeBuilder
 from ..tree.scorers import padded_rows
 from .drafter_model import drafter_scorer
+from .tree_paths import stream_capturing
 
 
 class DominoTreeSpeculator(DFlashSpeculator):
@@ -86,6 +87,15 @@ class DominoTreeSpeculator(DFlashSpeculator):
             )
             no_tree = self.builder.table[:, self.builder.no_tree_row : self.builder.no_tree_row + 1]
             self.state_table = no_tree.repeat(1, self.max_num_reqs + 1, 1)
+
+    def capture_builder(self) -> None:
+        """The builder's own CUDA graphs, one per padded batch size, for the drafts vLLM
+        runs outside its graphs (the runner calls this after vLLM's capture). Its build
+        counts start here: they count the builds outside vLLM's graphs (those inside
+        replay with them, unseen by the host), and a size without a graph is eager."""
+        if self.builder is not None and self.device.type == "cuda":
+            self.builder.capture()
+            self.builder.counts = BuildCounts()
 
     @torch.inference_mode()
     def propose(
@@ -148,12 +158,19 @@ class DominoTreeSpeculator(DFlashSpeculator):
             drafts, _ = self.scorer.chain(anchors)  # [R, depth]
             self.draft_tokens[:num_reqs, :depth] = drafts
             return
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and stream_capturing():
             # The device builder's body, so that DFlash's FULL graph records the draft and
             # the build as one replay (its warm-up runs compile the builder's functions).
             self.builder.anchors[:num_reqs].copy_(anchors)
             self.builder.grow(padded_rows(num_reqs, self.max_num_reqs))
+        elif self.device.type == "cuda":
+            # Outside vLLM's graphs (a batch past its capture sizes, as 64 requests of 16
+            # query rows are at vLLM's default 512, or warm-up): the builder's own graph
+            # for the size, one replay where the build's ~40 launches were host time
+            # that the eager forward around it already waits on (capture_builder).
+            self.builder.launch(anchors)
         else:  # the host heap: the same trees, fewer torch calls without graphs
+            self.builder.counts.eager_builds += 1
             self.builder.store(
                 build_trees(self.scorer, anchors.tolist(), self.builder.step_shape(len(anchors)))
             )
