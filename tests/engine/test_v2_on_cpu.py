@@ -92,6 +92,7 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
             assert report[name] == v1["report"][name], name
     assert report["eager_accepts"] == report["steps"]  # CPU: no accept graphs
     assert report["eager_builds"] >= report["steps"] and report["graph_builds"] == 0  # the heap
+    assert report["eager_descriptions"] == report["steps"] and report["graph_descriptions"] == 0
     assert report["accepted_tokens"] == v2["spec"]["vllm:spec_decode_num_accepted_tokens"]
     assert report["mean_accept_length"] == v1["report"]["mean_accept_length"]
     if scorer == "conditional":

@@ -235,8 +235,10 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
     # acceptance kernel (CUDA's default).
     assert stats["graph_accepts"] == stats["steps"] > 0 and stats["eager_accepts"] == 0
     assert stats["accept_kernel"] == "triton"
-    # Every build inside DFlash's FULL graphs: none by the host outside them.
+    # Every build inside DFlash's FULL graphs: none by the host outside them; every
+    # step described by the gather's graph.
     assert stats["graph_builds"] == stats["eager_builds"] == 0
+    assert stats["graph_descriptions"] >= stats["steps"] and stats["eager_descriptions"] == 0
 
 
 def test_trees_past_vllms_capture_sizes_build_in_the_builders_graph(dirs, expected):
@@ -248,6 +250,7 @@ def test_trees_past_vllms_capture_sizes_build_in_the_builders_graph(dirs, expect
     print("conditional-v2-capture8", stats)
     assert tokens == expected[: len(PROMPTS)]
     assert stats["graph_builds"] >= stats["steps"] > 0 and stats["eager_builds"] == 0
+    assert stats["graph_descriptions"] >= stats["steps"] and stats["eager_descriptions"] == 0
 
 
 @pytest.mark.parametrize("step", ["default", "torch"])

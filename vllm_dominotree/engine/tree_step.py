@@ -192,9 +192,11 @@ class TreeStepBuffers:
 
     @torch.no_grad()
     def capture(self, table: torch.Tensor) -> None:
-        """The gather of every column from `table` (the builder's) as one CUDA graph, at
-        engine start: a step then describes its trees with one replay instead of ~20
-        launches. Columns past the step's read slot 0 (no tree) and get its defaults."""
+        """The gather of every column from `table` (the builder's, or V2's tables by
+        request slot) as one CUDA graph, at engine start: a step then describes its trees
+        with one replay instead of ~20 launches. Columns past the step's read slot 0 (no
+        tree) and get its defaults. The gathers are counted from here (warm-up steps
+        before it gathered eagerly)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -204,6 +206,7 @@ class TreeStepBuffers:
         with capture(graph):
             self._gather(table, self.capacity, self.capacity)
         self._gather_graph = (graph, table.data_ptr())
+        self.graph_gathers = self.eager_gathers = 0
 
     def _gather(self, table: torch.Tensor, num_tokens: int, num_logits: int) -> None:
         """The tree fields of the first rows, from the table on the device."""

@@ -178,6 +178,8 @@ class DominoTreeV2RunnerMixin:
             self._verification.capturing = False
         if not kwargs.get("profile_only", False):
             self.speculator.capture_builder()
+            if self.device.type == "cuda":  # the step description's gather, one replay
+                self._tree_buffers.capture(self.speculator.state_table)
             if self._accept_graphs is not None:
                 self._tree_buffers.clear()  # no trees: the warm-up runs move no K/V
                 self._accept_graphs.capture()
@@ -199,8 +201,9 @@ class DominoTreeV2RunnerMixin:
         """How this engine verifies and, for trees, the step counters V2 keeps (V1's
         others, graph counts, are not kept here: left out, not zero) and the builds that
         ran outside vLLM's graphs: replays of the builder's own graph, or eager (those
-        in vLLM's FULL graphs replay with them, unseen). The chain is verified by vLLM:
-        its spec-decode metrics count it."""
+        in vLLM's FULL graphs replay with them, unseen), and how the steps' descriptions
+        were gathered (V1's counts). The chain is verified by vLLM: its spec-decode
+        metrics count it."""
         report = {
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
@@ -219,6 +222,8 @@ class DominoTreeV2RunnerMixin:
             builds = self.speculator.builder.counts
             report["graph_builds"] = builds.graph_builds
             report["eager_builds"] = builds.eager_builds
+            report["graph_descriptions"] = self._tree_buffers.graph_gathers
+            report["eager_descriptions"] = self._tree_buffers.eager_gathers
             report["mean_accept_length"] = stats.mean_accept_length
             report["mean_leaves"] = stats.mean_leaves
             report["tree_attention"] = self.tree_attention
