@@ -188,6 +188,10 @@ def tree_fields(method: str, environment: dict[str, str], stats: dict) -> dict:
     fields = {stat: stats.get(stat, "") for stat in VARIANT_STATS.values()}
     fields["mean_leaves"] = stats.get("mean_leaves", "")
     fields["step_leaves"] = stats.get("step_leaves", "")  # the leaves a step's trees share
+    # Host work outside vLLM's graphs so far (V2: builds by the builder's own graph or
+    # eager, step descriptions gathered eagerly), in the JSON rows.
+    for stat in ("graph_builds", "eager_builds", "eager_descriptions"):
+        fields[stat] = stats.get(stat, "")
     steps = stats.get("steps", 0)
     one_pass = stats.get("one_pass_steps")
     fields["one_pass_share"] = one_pass / steps if steps and one_pass is not None else ""

@@ -247,6 +247,8 @@ def test_a_rows_trees_come_from_the_engines_report():
     assert trees_cell(tree_fields("conditional-v2", {}, shared)) == (
         "one-pass, 3.5 leaves (64 a step), 75% one pass"
     )
+    host = tree_fields("conditional-v2", {}, one_pass | {"graph_builds": 5, "eager_builds": 1})
+    assert (host["graph_builds"], host["eager_builds"], host["eager_descriptions"]) == (5, 1, "")
     with pytest.raises(RuntimeError, match="tree_attention 'one-pass'"):
         tree_fields(method, split_variants(method)[2], one_pass)
     chain = tree_fields("chain-v2", {}, {"scorer_step": "torch"})  # vLLM verifies the chain
