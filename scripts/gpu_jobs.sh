@@ -182,7 +182,8 @@ case $job in
     b=tests/gpu/test_bf16_divergence.py
     case $part in
       tests) jobs=(
-        "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py tests/gpu/test_cuda_graphs.py"
+        "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py tests/gpu/test_cuda_graphs.py \
+tests/gpu/test_vocab_topk_gpu.py"
         "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
 tests/gpu/test_accept_graphs.py $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths]"
         "tests $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass] \
@@ -199,6 +200,7 @@ $e::test_paths_attention_refused_without_fa3"
         "tests $e::test_greedy_equals_no_speculation_under_full_graphs[chain] $e::test_greedy_eager"
         "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_chain_on_the_v2_runner_equals_no_speculation[64]"
         "tests $e::test_trees_on_the_v2_runner_equal_no_speculation"
+        "tests $e::test_trees_past_vllms_capture_sizes_build_in_the_builders_graph"
         "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-default] \
 $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-torch]"
         "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v2-default] \
