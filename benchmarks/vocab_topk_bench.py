@@ -1,17 +1,26 @@
 """The vocabulary's top M per depth, as the scorers' prepare takes it (tree/scorers.py):
-torch.topk over each whole row against the top M through the chunks' maxima
-(scorers.vocab_topk, CUDA's default: a reduction over the row, the top M chunks, the top M
-of their logits), for chunks of each size given.
+torch.topk over each whole row against the top M through the chunks' maxima (a reduction
+over the row, the top M chunks by their maxima, the top M of those chunks' logits), with
+torch.topk's order among equal values or with keys without ties (equal values in index
+order), for chunks of each size given.
 
     python benchmarks/vocab_topk_bench.py --out DIR [--device cuda] [--batches 1 16 64]
 
 Rows = batch x 16 depths of random bf16 logits (Qwen3's vocabulary), M 64. On CUDA each
 variant is captured in a CUDA graph (the build replays prepare inside its graph) and timed
 over --rounds replays with events; on CPU, eagerly. Each variant must give torch.topk's
-values, best first, at indices that hold them (equal values may come in another order).
-Slower than torch.topk at every batch, and removed: the top M in a Triton kernel of its own
-(benchmarks/results/h100_2026-12-05d/builder_topk/) and two stages of torch.topk over
-equal chunks (h100_2026-12-05e/vocab_topk/). Writes vocab_topk_bench.{json,md}.
+values, best first, at indices that hold them (equal values may come in another order),
+and the table says whether three more calls gave the same indices: the device builder and
+the host heap prepare apart, and their trees must be equal.
+
+Measured (H100, 2026-12-07e, `../results/h100_2026-12-07e/`): the chunk maxima with
+torch.topk's tie order took 0.22 / 0.62 ms at batch 16 / 64 against torch.topk's 0.40 /
+1.21, but the builder bench's device trees then differed from the host heap's at batch 16;
+with keys without ties they took 0.44 / 1.30, slower than torch.topk at every batch. So
+the scorers keep torch.topk. Slower than torch.topk at every batch, and removed before:
+the top M in a Triton kernel of its own (h100_2026-12-05d/builder_topk/) and two stages of
+torch.topk over equal chunks (h100_2026-12-05e/vocab_topk/). Writes
+vocab_topk_bench.{json,md}.
 """
 
 from __future__ import annotations
@@ -26,21 +35,65 @@ from pathlib import Path
 import torch
 from results_io import command_line, write_results  # benchmarks/ is this script's folder
 
-from vllm_dominotree.tree.scorers import vocab_topk
-
 DEPTHS = 16
 
 
+def chunk_maxima_topk(
+    logits: torch.Tensor, k: int, chunk: int, tie_free: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, W] (W a multiple of chunk, at least k chunks) -> the top k (values, indices),
+    best first. The k chunks of the largest maxima hold a row's k largest values (any
+    value outside them is at most the k-th largest maximum, and those k maxima are k
+    values of the row at least as large). tie_free: both short top-k's take keys without
+    ties (tie_free_keys), so equal values come in index order, as a stable sort gives
+    them; else in torch.topk's order."""
+    rows, width = logits.shape
+    chunks = width // chunk
+    parts = logits.view(rows, chunks, chunk)
+    maxima = parts.amax(dim=-1)  # [rows, chunks]
+    if tie_free:
+        maxima = tie_free_keys(maxima, torch.arange(chunks, device=logits.device))
+    best = maxima.topk(k, dim=-1).indices.sort(dim=-1).values  # [rows, k] in index order
+    picked = parts.gather(1, best[..., None].expand(-1, -1, chunk)).flatten(1)  # [rows, k chunk]
+    keys = picked
+    if tie_free:
+        keys = tie_free_keys(picked, torch.arange(k * chunk, device=logits.device))
+    at = keys.topk(k, dim=-1).indices  # [rows, k]
+    return picked.gather(1, at), best.gather(1, at // chunk) * chunk + at % chunk
+
+
+def tie_free_keys(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Integer keys of values [..., n] (16- or 32-bit floats) that order as the values,
+    descending, then by index ([n] distinct, < 2^16 for 16-bit values), ascending: no two
+    keys of a row equal. The float's magnitude bits above the tie-break's, negated for
+    negative values (IEEE floats order as sign and magnitude); -0.0 taken as +0.0."""
+    bits = values.element_size() * 8
+    as_int = {16: torch.int16, 32: torch.int32}[bits]
+    wide, low = (torch.int32, 16) if bits == 16 else (torch.int64, 32)
+    raw = (values + 0).view(as_int).to(wide)
+    negative = raw < 0
+    magnitude = raw & ((1 << (bits - 1)) - 1)
+    tie = torch.where(negative, index, (1 << low) - 1 - index)  # lower index: larger key
+    key = (magnitude << low) | tie
+    return torch.where(negative, -key, key)
+
+
 def variants(width: int, k: int, chunk_sizes: list[int]) -> dict[str, Callable]:
-    """torch.topk, and the chunk maxima's top k for each chunk size that takes that path
-    (vocab_topk falls back to torch.topk otherwise: no variant then)."""
+    """torch.topk, and the chunk maxima's top k both ways for each chunk size that leaves
+    at least 4 k chunks (and fewer than 2^16)."""
     found = {"torch.topk": lambda x, k: x.topk(k, dim=-1)}
     for c in chunk_sizes:
-        if width % c == 0 and width // c >= 4 * k:
-            found[f"chunk maxima, chunks of {c}"] = lambda x, k, c=c: vocab_topk(
-                x, k, chunked=True, chunk=c
-            )
+        if width % c == 0 and 4 * k <= width // c < 1 << 16 and k * c < 1 << 16:
+            for tie_free, name in ((False, ""), (True, ", keys without ties")):
+                found[f"chunk maxima, chunks of {c}{name}"] = lambda x, k, c=c, t=tie_free: (
+                    chunk_maxima_topk(x, k, c, t)
+                )
     return found
+
+
+def same_every_call(fn: Callable, logits: torch.Tensor, k: int, index: torch.Tensor) -> bool:
+    """Whether three more calls give the indices of the first."""
+    return all(torch.equal(fn(logits, k)[1], index) for _ in range(3))
 
 
 def is_the_top(logits: torch.Tensor, k: int, values: torch.Tensor, index: torch.Tensor) -> bool:
@@ -103,6 +156,7 @@ def main() -> None:
                 "variant": name,
                 "ms_median": time_ms(fn, logits, args.m, args.rounds),
                 "is_the_top": is_the_top(logits, args.m, values, index),
+                "same_every_call": same_every_call(fn, logits, args.m, index),
             }
             rows.append(row)
             print(row, flush=True)
@@ -112,9 +166,16 @@ def main() -> None:
         args.out,
         "vocab_topk_bench",
         {"command": command_line(), "device": device_name, "rows": rows},
-        ["batch", "rows", "variant", "ms (median)", "torch.topk's values"],
+        ["batch", "rows", "variant", "ms (median)", "torch.topk's values", "same every call"],
         [
-            [r["batch"], r["rows"], r["variant"], f"{r['ms_median']:.4f}", r["is_the_top"]]
+            [
+                r["batch"],
+                r["rows"],
+                r["variant"],
+                f"{r['ms_median']:.4f}",
+                r["is_the_top"],
+                r["same_every_call"],
+            ]
             for r in rows
         ],
         [

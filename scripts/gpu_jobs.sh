@@ -182,8 +182,7 @@ case $job in
     b=tests/gpu/test_bf16_divergence.py
     case $part in
       tests) jobs=(
-        "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py tests/gpu/test_cuda_graphs.py \
-tests/gpu/test_vocab_topk_gpu.py"
+        "tests tests/gpu/test_device_builder.py tests/gpu/test_domino_step_gpu.py tests/gpu/test_cuda_graphs.py"
         "tests tests/gpu/test_tree_attention_kernel.py tests/gpu/test_tree_paths_fa3.py \
 tests/gpu/test_accept_graphs.py $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-paths]"
         "tests $s::test_recomputed_rows_are_right_up_to_rounding[bfloat16-one-pass] \

@@ -22,7 +22,10 @@ def collections_during(capturing) -> tuple[int, torch.Tensor]:
         if phase == "start":
             started.append(info["generation"])
 
-    threshold = gc.get_threshold()
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    # On, whatever the process did: on the H100 (2026-12-07e) the bare capture below saw
+    # no collection at all, and whether the collector was off there was not checked.
+    gc.enable()
     gc.set_threshold(1, 1, 1)
     gc.callbacks.append(record)
     try:
@@ -37,6 +40,8 @@ def collections_during(capturing) -> tuple[int, torch.Tensor]:
     finally:
         gc.callbacks.remove(record)
         gc.set_threshold(*threshold)
+        if not enabled:
+            gc.disable()
     x.copy_(torch.arange(8.0, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()

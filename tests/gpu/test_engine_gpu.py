@@ -242,14 +242,16 @@ def test_trees_on_the_v2_runner_equal_no_speculation(dirs, expected, scorer):
 
 
 def test_trees_past_vllms_capture_sizes_build_in_the_builders_graph(dirs, expected):
-    """V2 with vLLM's graphs capped at 8 tokens: every step's forward and draft run
-    eagerly (16 query rows a request), and the trees come from replays of the builder's
-    own graphs (v2_speculator.capture_builder), not from its eager body."""
+    """V2 with vLLM's graphs capped at 8 tokens: the target's forwards run eagerly (17
+    rows a request) and so do the drafts vLLM's speculator has no graph for; those trees
+    come from replays of the builder's own graphs (v2_speculator.capture_builder), never
+    from its eager body. (On the H100, 2026-12-07e: 38 of 52 steps' builds, none eager:
+    the others replayed inside graphs that vLLM's speculator still captured.)"""
     config = {"method": "dominotree", "model": str(dirs[1]), "model_runner": "v2"}
     tokens, stats = generate(dirs, config, compilation_config={"max_cudagraph_capture_size": 8})
     print("conditional-v2-capture8", stats)
     assert tokens == expected[: len(PROMPTS)]
-    assert stats["graph_builds"] >= stats["steps"] > 0 and stats["eager_builds"] == 0
+    assert stats["graph_builds"] > 0 and stats["eager_builds"] == 0
     assert stats["graph_descriptions"] >= stats["steps"] and stats["eager_descriptions"] == 0
 
 

@@ -107,61 +107,6 @@ def best_and_log_normalizer(
     return best, index, best + torch.log(scaled)
 
 
-TOPK_CHUNK = 128  # logits per chunk of the vocabulary's top k by chunk maxima
-TOPK_CHUNKED_ROWS = 256  # rows from which that pays (H100, 2026-12-07e: not at 16 rows)
-
-
-def vocab_topk(
-    logits: torch.Tensor, k: int, chunked: bool | None = None, chunk: int = TOPK_CHUNK
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest logits of each row of logits [..., W] and their indices, best first
-    -> [..., k] each: torch.topk's values (on the chunked path equal values come in index
-    order, as a stable sort gives them; torch.topk does not fix their order).
-
-    On CUDA (chunked None), for enough rows of many chunks, through the chunks' maxima:
-    the k chunks of the largest maxima hold a row's k largest values (any value outside
-    them is at most the k-th largest maximum, and those k maxima are k values of the row
-    at least as large), so one reduction over the row and two short top-k's replace
-    torch.topk's radix passes over all of it (0.40 -> 0.22 ms over 256 rows of 151,936
-    bf16 logits on an H100, 1.21 -> 0.62 over 1024; slower over 16). Both short top-k's
-    take keys without ties (_tie_free_keys): equal values in index order, the same on
-    every call, as a stable sort gives them (torch.topk's order among equal values is
-    not fixed, and builders that prepare apart must see the same candidates).
-    Elsewhere, and where W is not a multiple of `chunk` or is under 4 k chunks,
-    torch.topk."""
-    *rows, width = logits.shape
-    chunks = width // chunk
-    use = logits.is_cuda and logits.numel() >= TOPK_CHUNKED_ROWS * width
-    small = width % chunk or chunks < 4 * k or max(chunks, k * chunk) > 1 << 16
-    if not (use if chunked is None else chunked) or small:
-        return logits.topk(k, dim=-1)
-    parts = logits.reshape(-1, chunks, chunk)
-    order = torch.arange(chunks, device=logits.device)
-    best = _tie_free_keys(parts.amax(dim=-1), order).topk(k, dim=-1).indices  # [r, k]
-    best = best.sort(dim=-1).values  # the candidates in index order
-    picked = parts.gather(1, best[..., None].expand(-1, -1, chunk)).flatten(1)  # [r, k chunk]
-    place = torch.arange(k * chunk, device=logits.device)
-    at = _tie_free_keys(picked, place).topk(k, dim=-1).indices  # [r, k]
-    index = best.gather(1, at // chunk) * chunk + at % chunk
-    return picked.gather(1, at).view(*rows, k), index.view(*rows, k)
-
-
-def _tie_free_keys(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Integer keys of values [..., n] (16- or 32-bit floats) that order as the values,
-    descending, then by index ([n] distinct, < 2^16 for 16-bit values), ascending: no
-    two keys of a row equal. The float's magnitude bits above the tie-break's, negated
-    for negative values (IEEE floats order as sign and magnitude)."""
-    bits = values.element_size() * 8
-    as_int = {16: torch.int16, 32: torch.int32}[bits]
-    wide, low = (torch.int32, 16) if bits == 16 else (torch.int64, 32)
-    raw = (values + 0).view(as_int).to(wide)  # + 0: -0.0 as +0.0, which it equals
-    negative = raw < 0
-    magnitude = raw & ((1 << (bits - 1)) - 1)
-    tie = torch.where(negative, index, (1 << low) - 1 - index)  # lower index: larger key
-    key = (magnitude << low) | tie
-    return torch.where(negative, -key, key)
-
-
 def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     """log sum exp over the last dimension, in float32. [..., V] -> [...]: on CUDA in
     chunks (whose maximum and index, unused, Inductor leaves out); eager on CPU without
@@ -210,7 +155,7 @@ class MarginalScorer:
         self.step_rows = padded_rows(n, self.max_requests)
         # log p = logit - log Z: the top-C of the logits themselves, so no float32 copy
         # of the [R, K, V] logits is made (on CUDA the normalizer is one fused reduction).
-        values, tokens = vocab_topk(base_logits, self.max_children)
+        values, tokens = base_logits.topk(self.max_children, -1)
         log_z = self._log_normalizer(base_logits)
         self.logprobs[:n] = values.float() - log_z[..., None]  # float32 -> float64 exact
         self.tokens[:n] = tokens if self.vocab_ids is None else self.vocab_ids[tokens]
@@ -324,7 +269,7 @@ class ConditionalScorer:
         self.step_rows = padded_rows(n, self.max_requests)
         self.hid_part[:n] = hidden.to(self.hid_part.dtype) @ self.w_hid.T
         if self.restricted:
-            values, index = vocab_topk(base_logits, self.width)
+            values, index = base_logits.topk(self.width, dim=-1)
             self.base[:n] = values
             self.cand[:n] = self._token_ids(index)
             self.proj_rows[:n] = self.head.proj_out[self.cand[:n]]
