@@ -121,6 +121,14 @@ tensor_parallel() {
 
 # The earlier package of .before/ (scripts/before_tree.sh REV), installed once per machine;
 # it goes in place of this one on PYTHONPATH (not beside it: one plugin entry point).
+# A round-cost table's trace tables (one file per method and batch: host ops and kernels
+# by time) as one archive: the device tool returns a limited count of files, and the six
+# of one call were left out on 2026-12-07e.
+pack_traces() {
+  [ -d "$1/trace_tables" ] || return 0
+  tar -C "$1" -cJf "$1/trace_tables.tar.xz" trace_tables && rm -r "$1/trace_tables"
+}
+
 before_path() {
   [ -f .before/REVISION ] || { echo "no .before/: run scripts/before_tree.sh REV and carry it" >&2; exit 2; }
   local before=/tmp/vproj_before_$(cat .before/REVISION)
@@ -302,6 +310,7 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
     python3 benchmarks/round_cost_bench.py --out "$table" --models /tmp/rc_models "$@" \
       2>&1 | quiet | tee -a "$OUT/round_cost.log" || status=$?
     cp -r "$table" "$OUT/"  # what finished, even when a method failed
+    pack_traces "$OUT/$(basename "$table")"
     exit $status
     ;;
   rounding)
@@ -324,6 +333,7 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
     PYTHONPATH=$(before_path) python3 benchmarks/round_cost_bench.py \
       --out "$OUT/round_cost_before" --models /tmp/rc_models "$@" 2>&1 | quiet |
       tee "$OUT/round_cost_before.log"
+    pack_traces "$OUT/round_cost_before"
     ;;
   builder)
     python3 benchmarks/builder_bench.py --out "$OUT/builder" "$@" 2>&1 | quiet
