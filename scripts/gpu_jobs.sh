@@ -119,8 +119,6 @@ tensor_parallel() {
   export VLLM_ALLREDUCE_USE_SYMM_MEM=0
 }
 
-# The earlier package of .before/ (scripts/before_tree.sh REV), installed once per machine;
-# it goes in place of this one on PYTHONPATH (not beside it: one plugin entry point).
 # A round-cost table's trace tables (one file per method and batch: host ops and kernels
 # by time) as one archive: the device tool returns a limited count of files, and the six
 # of one call were left out on 2026-12-07e.
@@ -129,6 +127,8 @@ pack_traces() {
   tar -C "$1" -cJf "$1/trace_tables.tar.xz" trace_tables && rm -r "$1/trace_tables"
 }
 
+# The earlier package of .before/ (scripts/before_tree.sh REV), installed once per machine;
+# it goes in place of this one on PYTHONPATH (not beside it: one plugin entry point).
 before_path() {
   [ -f .before/REVISION ] || { echo "no .before/: run scripts/before_tree.sh REV and carry it" >&2; exit 2; }
   local before=/tmp/vproj_before_$(cat .before/REVISION)

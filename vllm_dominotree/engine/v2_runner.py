@@ -198,12 +198,11 @@ class DominoTreeV2RunnerMixin:
             return super().sample_tokens(*args, **kwargs)
 
     def stats_report(self) -> dict:
-        """How this engine verifies and, for trees, the step counters V2 keeps (V1's
-        others, graph counts, are not kept here: left out, not zero) and the builds that
-        ran outside vLLM's graphs: replays of the builder's own graph, or eager (those
-        in vLLM's FULL graphs replay with them, unseen), and how the steps' descriptions
-        were gathered (V1's counts). The chain is verified by vLLM: its spec-decode
-        metrics count it."""
+        """How this engine verifies and, for trees, the step counters V2 keeps, the
+        builds that ran outside vLLM's graphs (replays of the builder's own graph, or
+        eager; those in vLLM's FULL graphs replay with them, unseen) and how the steps'
+        descriptions were gathered (V1's other counters are not kept here: left out, not
+        zero). The chain is verified by vLLM: its spec-decode metrics count it."""
         report = {
             "model_runner": "v2",
             "scorer": self.speculator.options.scorer,
