@@ -10,8 +10,9 @@ Rows = batch x 16 depths of random bf16 logits (Qwen3's vocabulary), M 64. On CU
 variant is captured in a CUDA graph (the build replays prepare inside its graph) and timed
 over --rounds replays with events; on CPU, eagerly. Each variant must give torch.topk's
 values, best first, at indices that hold them (equal values may come in another order),
-and the table says whether three more calls gave the same indices: the device builder and
-the host heap prepare apart, and their trees must be equal.
+and the table says whether three more calls and (CUDA) the graph's replays gave the same
+indices: the device builder prepares inside its graph, the host heap eagerly, and their
+trees must be equal.
 
 Measured (H100, 2026-12-07e, `../results/h100_2026-12-07e/`): the chunk maxima with
 torch.topk's tie order took 0.22 / 0.62 ms at batch 16 / 64 against torch.topk's 0.40 /
@@ -91,9 +92,14 @@ def variants(width: int, k: int, chunk_sizes: list[int]) -> dict[str, Callable]:
     return found
 
 
-def same_every_call(fn: Callable, logits: torch.Tensor, k: int, index: torch.Tensor) -> bool:
-    """Whether three more calls give the indices of the first."""
-    return all(torch.equal(fn(logits, k)[1], index) for _ in range(3))
+def same_every_call(
+    fn: Callable, logits: torch.Tensor, k: int, index: torch.Tensor, in_graph: torch.Tensor | None
+) -> bool:
+    """Whether three more eager calls and, on CUDA, the captured graph's replay (in_graph:
+    its indices) give the indices of the first eager call: the device builder prepares
+    inside its graph, the host heap eagerly, and their candidates must be the same."""
+    eager = all(torch.equal(fn(logits, k)[1], index) for _ in range(3))
+    return eager and (in_graph is None or torch.equal(in_graph, index))
 
 
 def is_the_top(logits: torch.Tensor, k: int, values: torch.Tensor, index: torch.Tensor) -> bool:
@@ -103,8 +109,11 @@ def is_the_top(logits: torch.Tensor, k: int, values: torch.Tensor, index: torch.
     return torch.equal(values, want) and torch.equal(logits.gather(1, index), values) and distinct
 
 
-def time_ms(fn: Callable, logits: torch.Tensor, k: int, rounds: int) -> float:
-    """Median ms of one call: CUDA graph replays timed with events, or eager calls."""
+def time_ms(
+    fn: Callable, logits: torch.Tensor, k: int, rounds: int
+) -> tuple[float, torch.Tensor | None]:
+    """Median ms of one call: CUDA graph replays timed with events (and the indices the
+    graph's replays gave), or eager calls (None)."""
     if logits.device.type == "cuda":
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -114,7 +123,7 @@ def time_ms(fn: Callable, logits: torch.Tensor, k: int, rounds: int) -> float:
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn(logits, k)
+            _, index = fn(logits, k)
         times = []
         for _ in range(rounds):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -123,13 +132,13 @@ def time_ms(fn: Callable, logits: torch.Tensor, k: int, rounds: int) -> float:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        return statistics.median(times)
+        return statistics.median(times), index.clone()
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         fn(logits, k)
         times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
+    return statistics.median(times), None
 
 
 def main() -> None:
@@ -150,13 +159,14 @@ def main() -> None:
         logits = logits.to(device)
         for name, fn in variants(args.vocab, args.m, args.chunk_sizes).items():
             values, index = fn(logits, args.m)
+            ms, in_graph = time_ms(fn, logits, args.m, args.rounds)
             row = {
                 "batch": batch,
                 "rows": batch * DEPTHS,
                 "variant": name,
-                "ms_median": time_ms(fn, logits, args.m, args.rounds),
+                "ms_median": ms,
                 "is_the_top": is_the_top(logits, args.m, values, index),
-                "same_every_call": same_every_call(fn, logits, args.m, index),
+                "same_every_call": same_every_call(fn, logits, args.m, index, in_graph),
             }
             rows.append(row)
             print(row, flush=True)

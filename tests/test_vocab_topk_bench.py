@@ -40,6 +40,10 @@ def test_the_check_sees_a_wrong_top():
     wrong[1, 3] = wrong[1, 4]  # a repeated index
     assert not vocab_topk_bench.is_the_top(logits, 16, values, wrong)
     assert not vocab_topk_bench.is_the_top(logits, 16, values.flip(-1), index.flip(-1))
+    fn = vocab_topk_bench.variants(512, 16, [8])["chunk maxima, chunks of 8"]
+    assert vocab_topk_bench.same_every_call(fn, logits, 16, index, None)
+    assert vocab_topk_bench.same_every_call(fn, logits, 16, index, index.clone())
+    assert not vocab_topk_bench.same_every_call(fn, logits, 16, index, wrong)  # graph's other
 
 
 def assert_stable_top(logits: torch.Tensor, k: int, chunk: int = 16):
