@@ -1,8 +1,8 @@
 """The vocabulary's top M per depth, as the scorers' prepare takes it (tree/scorers.py):
 torch.topk over each whole row against the top M through the chunks' maxima (a reduction
 over the row, the top M chunks by their maxima, the top M of those chunks' logits), with
-torch.topk's order among equal values or with keys without ties (equal values in index
-order), for chunks of each size given.
+torch.topk's order among equal values, with keys without ties (equal values in index
+order) for the chunks' top M only, or for both top-M's, for chunks of each size given.
 
     python benchmarks/vocab_topk_bench.py --out DIR [--device cuda] [--batches 1 16 64]
 
@@ -18,8 +18,9 @@ Measured (H100, 2026-12-07e, `../results/h100_2026-12-07e/`): the chunk maxima w
 torch.topk's tie order took 0.22 / 0.62 ms at batch 16 / 64 against torch.topk's 0.40 /
 1.21, but the builder bench's device trees then differed from the host heap's at batch 16;
 with keys without ties they took 0.44 / 1.30, slower than torch.topk at every batch. So
-the scorers keep torch.topk. Slower than torch.topk at every batch, and removed before:
-the top M in a Triton kernel of its own (h100_2026-12-05d/builder_topk/) and two stages of
+the scorers keep torch.topk. Keys without ties for the chunks' top M alone came after
+that run: not measured yet. Slower than torch.topk at every batch, and removed before: the
+top M in a Triton kernel of its own (h100_2026-12-05d/builder_topk/) and two stages of
 torch.topk over equal chunks (h100_2026-12-05e/vocab_topk/). Writes
 vocab_topk_bench.{json,md}.
 """
@@ -39,25 +40,31 @@ from results_io import command_line, write_results  # benchmarks/ is this script
 DEPTHS = 16
 
 
+# Which of chunk_maxima_topk's two short top-k's take keys without ties.
+TIE_FREE = {"": (), ", chunks' keys without ties": ("chunks",),
+            ", keys without ties": ("chunks", "logits")}  # fmt: skip
+
+
 def chunk_maxima_topk(
-    logits: torch.Tensor, k: int, chunk: int, tie_free: bool
+    logits: torch.Tensor, k: int, chunk: int, tie_free: tuple[str, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[rows, W] (W a multiple of chunk, at least k chunks) -> the top k (values, indices),
     best first. The k chunks of the largest maxima hold a row's k largest values (any
     value outside them is at most the k-th largest maximum, and those k maxima are k
-    values of the row at least as large). tie_free: both short top-k's take keys without
-    ties (tie_free_keys), so equal values come in index order, as a stable sort gives
-    them; else in torch.topk's order."""
+    values of the row at least as large). tie_free: the top-k's ("chunks": over the
+    chunks' maxima, "logits": over the chosen chunks' logits) that take keys without ties
+    (tie_free_keys): equal values in index order, as a stable sort gives them; the others
+    in torch.topk's order. With both, the whole result is a stable sort's first k."""
     rows, width = logits.shape
     chunks = width // chunk
     parts = logits.view(rows, chunks, chunk)
     maxima = parts.amax(dim=-1)  # [rows, chunks]
-    if tie_free:
+    if "chunks" in tie_free:
         maxima = tie_free_keys(maxima, torch.arange(chunks, device=logits.device))
     best = maxima.topk(k, dim=-1).indices.sort(dim=-1).values  # [rows, k] in index order
     picked = parts.gather(1, best[..., None].expand(-1, -1, chunk)).flatten(1)  # [rows, k chunk]
     keys = picked
-    if tie_free:
+    if "logits" in tie_free:
         keys = tie_free_keys(picked, torch.arange(k * chunk, device=logits.device))
     at = keys.topk(k, dim=-1).indices  # [rows, k]
     return picked.gather(1, at), best.gather(1, at // chunk) * chunk + at % chunk
@@ -80,12 +87,12 @@ def tie_free_keys(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def variants(width: int, k: int, chunk_sizes: list[int]) -> dict[str, Callable]:
-    """torch.topk, and the chunk maxima's top k both ways for each chunk size that leaves
-    at least 4 k chunks (and fewer than 2^16)."""
+    """torch.topk, and the chunk maxima's top k each TIE_FREE way for each chunk size that
+    leaves at least 4 k chunks (and fewer than 2^16)."""
     found = {"torch.topk": lambda x, k: x.topk(k, dim=-1)}
     for c in chunk_sizes:
         if width % c == 0 and 4 * k <= width // c < 1 << 16 and k * c < 1 << 16:
-            for tie_free, name in ((False, ""), (True, ", keys without ties")):
+            for name, tie_free in TIE_FREE.items():
                 found[f"chunk maxima, chunks of {c}{name}"] = lambda x, k, c=c, t=tie_free: (
                     chunk_maxima_topk(x, k, c, t)
                 )

@@ -27,6 +27,7 @@ def test_every_variant_gives_the_top(tmp_path, monkeypatch):
     assert [r["variant"] for r in rows] == [
         "torch.topk",
         "chunk maxima, chunks of 8",
+        "chunk maxima, chunks of 8, chunks' keys without ties",
         "chunk maxima, chunks of 8, keys without ties",
     ]
     assert all(r["is_the_top"] and r["same_every_call"] for r in rows)
@@ -34,7 +35,7 @@ def test_every_variant_gives_the_top(tmp_path, monkeypatch):
 
 def test_the_check_sees_a_wrong_top():
     logits = torch.randn(3, 512).bfloat16()
-    values, index = chunk_maxima_topk(logits, 16, 8, tie_free=False)
+    values, index = chunk_maxima_topk(logits, 16, 8)
     assert vocab_topk_bench.is_the_top(logits, 16, values, index)
     wrong = index.clone()
     wrong[1, 3] = wrong[1, 4]  # a repeated index
@@ -47,7 +48,7 @@ def test_the_check_sees_a_wrong_top():
 
 
 def assert_stable_top(logits: torch.Tensor, k: int, chunk: int = 16):
-    values, index = chunk_maxima_topk(logits, k, chunk, tie_free=True)
+    values, index = chunk_maxima_topk(logits, k, chunk, ("chunks", "logits"))
     want = logits.sort(dim=-1, descending=True, stable=True)
     assert torch.equal(values, want.values[..., :k])
     assert torch.equal(index, want.indices[..., :k])
@@ -74,6 +75,6 @@ def test_the_top_one_to_a_chunk_all_in_one_chunk_and_masked():
     logits[2] = float("-inf")
     logits[2, [3, 900, 1023]] = torch.tensor([1.0, 2.0, 0.5])
     assert_stable_top(logits, k, chunk)
-    for tie_free in (False, True):
+    for tie_free in vocab_topk_bench.TIE_FREE.values():
         values, _ = chunk_maxima_topk(logits, k, chunk, tie_free)
         assert torch.equal(values, logits.topk(k, dim=-1).values)
