@@ -166,8 +166,9 @@ class DominoTreeSpeculator(DFlashSpeculator):
         elif self.device.type == "cuda":
             # Outside vLLM's graphs (a batch past its capture sizes, as 64 requests of 16
             # query rows are at vLLM's default 512, or warm-up): the builder's own graph
-            # for the size, one replay where the build's ~40 launches were host time
-            # that the eager forward around it already waits on (capture_builder).
+            # for the size, one replay where the build's launches (two a pop, and its
+            # start and finish) were host time that the eager forward around it already
+            # waits on (capture_builder).
             self.builder.launch(anchors)
         else:  # the host heap: the same trees, fewer torch calls without graphs
             self.builder.counts.eager_builds += 1
