@@ -18,8 +18,11 @@ prefix plus the trees' own part, merged (kernels/tree_merge.py),
 / `-torch-step` with the conditional scorer's per-node step and the builder's pop as
 Triton launches (CUDA's default since 2026-12-06c) / as compiled torch code
 (DOMINOTREE_NODE_STEP), `-accept-torch` with the trees accepted by torch code instead of
-the Triton launch that is CUDA's default (DOMINOTREE_ACCEPT_KERNEL), e.g.
-`conditional-sync` or `conditional-one-pass-splits1`; and,
+the Triton launch that is CUDA's default (DOMINOTREE_ACCEPT_KERNEL), `-graphs1088` (any
+method, vLLM's `dflash` too) with vLLM's own knob max_cudagraph_capture_size=1088: decode
+graphs for steps of up to 64 requests of 17 rows, where vLLM's default stops at 512
+tokens (the plugin's engines reach them by default, option graph_requests), e.g.
+`conditional-sync`, `conditional-one-pass-splits1` or `dflash-graphs1088`; and,
 last, `-vocabS` drafting from a draft vocabulary of S tokens (option draft_vocab; the
 first S of a random ranking written beside the random drafter) and `-mM` correcting M
 candidates per depth (option candidates; 151936 for Qwen3's whole vocabulary: the
@@ -28,7 +31,8 @@ CUDA otherwise: 16, the chain 15, which verifies the 16 rows of vLLM's DFlash;
 `chain-v2-b16` drafts all 16 of the Domino block and verifies 17), `-leavesL` trees of
 at most L leaves (option max_leaves) and `-stepleavesN` N leaves shared by a step's trees
 (option step_leaves; 0: no limit), e.g. `conditional-v2-vocab32768`, `chain-v2-m151936`
-or `conditional-v2-stepleaves0`.
+or `conditional-v2-stepleaves0`; `-graphreqsN` decode graphs for steps of up to N
+requests (option graph_requests; 0: vLLM's capture sizes alone).
 
 Round costs do not depend on weight values (accept lengths do), so the target is a
 random model of the shape (Qwen3-4B: 36 layers, hidden 2560, vocab 151936; Qwen3-8B:
@@ -133,6 +137,7 @@ VARIANTS = {
     "-torch-step": ({}, {"DOMINOTREE_NODE_STEP": "torch"}),
     "-accept-torch": ({}, {"DOMINOTREE_ACCEPT_KERNEL": "torch"}),
     "-splits1": ({}, {"DOMINOTREE_PATH_SPLITS": "1"}),
+    "-graphs1088": ({"max_cudagraph_capture_size": 1088}, {}),
 }
 
 
@@ -210,13 +215,14 @@ OPTION_SUFFIXES = {
     "b": "budget",
     "leaves": "max_leaves",
     "stepleaves": "step_leaves",
+    "graphreqs": "graph_requests",
 }
 
 
 def split_options(method: str) -> tuple[str, dict[str, int]]:
     """'chain-v2-vocab32768-m64' -> ('chain-v2', {'draft_vocab': 32768, 'candidates': 64})."""
     options = {}
-    while match := re.fullmatch(r"(.+)-(vocab|m|b|leaves|stepleaves)(\d+)", method):
+    while match := re.fullmatch(r"(.+)-(vocab|m|b|leaves|stepleaves|graphreqs)(\d+)", method):
         method, options = match[1], {OPTION_SUFFIXES[match[2]]: int(match[3]), **options}
     return method, options
 

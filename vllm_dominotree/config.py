@@ -190,6 +190,11 @@ class DominoTreeConfig:
     # frequent tokens of the drafter's ranking (drafter/draft_vocab.py); 0 = the whole
     # vocabulary. Lossless either way: a token outside it is never drafted.
     draft_vocab: int = 0
+    # Decode steps of up to this many requests (and max_num_seqs) run inside CUDA graphs,
+    # at the verification's rows and the drafter's block (graph_sizes.py): vLLM's own
+    # capture stops at 512 tokens, 30 trees of 17 rows. 0 keeps vLLM's sizes; capture
+    # sizes the user names are kept either way.
+    graph_requests: int = 128
 
     def __post_init__(self) -> None:
         if self.scorer not in SCORERS:
@@ -211,6 +216,7 @@ class DominoTreeConfig:
             "draft_vocab": "the whole vocabulary",
             "max_leaves": "no limit",
             "step_leaves": "no limit",
+            "graph_requests": "vLLM's capture sizes",
         }
         for name, zero in zeros.items():
             value = getattr(self, name)

@@ -39,6 +39,10 @@ from .conftest import PROMPTS, dominotree, greedy, make_llm
         ({"max_leaves": -1}, "max_leaves must be 0 (no limit) or a positive integer, got -1"),
         ({"step_leaves": 2.5}, "step_leaves must be 0 (no limit) or a positive integer, got 2.5"),
         ({"model_runner": "v3"}, "model_runner 'v3' is unknown"),
+        (
+            {"graph_requests": -8},
+            "graph_requests must be 0 (vLLM's capture sizes) or a positive integer, got -8",
+        ),
     ],
 )
 def test_bad_options(pair_dirs, options, message):

@@ -50,8 +50,7 @@ def generate(dirs, speculative_config, prompts=PROMPTS, params=None, **kwargs):
         dtype="float32",
         max_model_len=512,
         **engine_memory(kv_gib=1),
-        max_num_seqs=16,
-        **kwargs,
+        **{"max_num_seqs": 16, **kwargs},
     )
 
 
@@ -253,6 +252,34 @@ def test_trees_past_vllms_capture_sizes_build_in_the_builders_graph(dirs, expect
     assert tokens == expected[: len(PROMPTS)]
     assert stats["graph_builds"] > 0 and stats["eager_builds"] == 0
     assert stats["graph_descriptions"] >= stats["steps"] and stats["eager_descriptions"] == 0
+
+
+# 40 requests: 680 verification rows, 640 of the drafter's block, past vLLM's capture
+# ceiling of 512 tokens (the plugin's own sizes reach them, graph_sizes.py).
+WIDE = [[(k * i + 3 * k) % 61 for i in range(4 + k % 9)] for k in range(40)]
+
+
+@pytest.fixture(scope="module")
+def expected_wide(dirs):
+    return generate(dirs, None, prompts=WIDE, enforce_eager=True, max_num_seqs=40)[0]
+
+
+@pytest.mark.parametrize("model_runner", ["v1", "v2"])
+def test_decode_steps_past_vllms_capture_ceiling_run_in_graphs(dirs, expected_wide, model_runner):
+    """40 trees a step: vLLM's own capture sizes stop at 30 of them, so without the
+    plugin's sizes V1 would verify them eagerly and V2's drafts would run outside
+    DFlash's graph (its builds by the builder's own graph)."""
+    config = {"method": "dominotree", "model": str(dirs[1]), "model_runner": model_runner}
+    tokens, stats = generate(dirs, config, prompts=WIDE, max_num_seqs=40)
+    print(f"wide-{model_runner}", stats)
+    assert tokens == expected_wide
+    if model_runner == "v1":
+        assert stats["full_graph_steps"] > 0.8 * stats["steps"]
+        assert stats["graph_builds"] >= stats["steps"] and stats["eager_builds"] == 0
+    else:
+        # Every build inside DFlash's FULL graphs, none by the builder's own graph.
+        assert stats["graph_builds"] == stats["eager_builds"] == 0
+        assert stats["vllm:spec_decode_num_drafts"] > 0
 
 
 @pytest.mark.parametrize("step", ["default", "torch"])

@@ -6,7 +6,9 @@ How: `EngineArgs.create_engine_config` (run in process 0 by LLM, AsyncLLM and th
 server) is wrapped; when the speculative config names our method it is rewritten into
 vLLM's DFlash plumbing plus `additional_config["dominotree"]`, the worker class is set
 to the DominoTree worker, and unsupported engine options are refused with a message;
-the engine gets its block of figures for /metrics (metrics.py).
+the engine gets its block of figures for /metrics (metrics.py); unless the user chose
+capture sizes, the engine's CUDA graphs also cover decode steps of up to `graph_requests`
+requests (graph_sizes.py: vLLM's own stop at 512 tokens, 30 trees).
 Removal: when vLLM accepts plugin-registered speculative methods.
 """
 
@@ -22,6 +24,7 @@ from vllm.platforms.interface import CpuArchEnum
 
 from ..config import DominoTreeConfig, DominoTreeConfigError, accept_kernel, node_step
 from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
+from ..graph_sizes import add_decode_graph_sizes, user_chose_sizes
 from ..metrics import bind, export_for_engine
 from ..openmp import gnu_openmp_warning, intel_openmp, preloaded_runtime
 from ..speculative import ADDITIONAL_CONFIG_KEY, is_dominotree, translate
@@ -135,8 +138,13 @@ def patch_engine_args() -> None:
         prepare_engine_args(self)
         patch_openai_requests()  # a streamed request is refused before its stream starts
         block = export_for_engine()  # the plugin's figures at /metrics (metrics.py)
+        sizes_chosen = user_chose_sizes(self)
         config = original(self, *args, **kwargs)
         check_engine_config(config)
+        if not sizes_chosen:
+            options = DominoTreeConfig(**config.additional_config[ADDITIONAL_CONFIG_KEY])
+            spec = read_spec(config.speculative_config.model)
+            add_decode_graph_sizes(config, options.graph_requests, draft_rows=spec.block_size)
         bind(config, block)
         return config
 
