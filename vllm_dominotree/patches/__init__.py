@@ -3,8 +3,11 @@
 Each module documents why the patch exists, how it works and when it can go. The vLLM
 names each one depends on:
 
-- engine_args (process 0: LLM / API server): `"method": "dominotree"` -> DFlash + options.
-  `EngineArgs.create_engine_config`, `SpeculativeConfig` (method "dflash").
+- engine_args (process 0: LLM / API server): `"method": "dominotree"` -> DFlash + options,
+  and the engine's decode graph sizes widened (graph_sizes.py).
+  `EngineArgs.create_engine_config`, `SpeculativeConfig` (method "dflash"),
+  `CompilationConfig.cudagraph_capture_sizes` / `max_cudagraph_capture_size`,
+  `SchedulerConfig.max_num_seqs` / `max_num_batched_tokens`.
 - input_processor (process 0): refuses per-request features the tree sampler lacks, and
   lifts vLLM's refusal of min_p and logit_bias for the V1 tree runner.
   `InputProcessor._validate_params`, `SamplingParams` fields and `_validate_spec_decode`,
