@@ -61,6 +61,11 @@ def test_a_tree_engine_captures_its_decode_steps_past_vllms_ceiling():
     sizes = config.compilation_config.cudagraph_capture_sizes
     assert sizes == sorted({*VLLM_SIZES, *added})
     assert config.compilation_config.max_cudagraph_capture_size == 17 * 64
+    # V1's drafter captures its own graphs: the verification's sizes alone.
+    config = engine_config(VLLM_SIZES)
+    assert add_decode_graph_sizes(config, 128, draft_rows=None) == [
+        17 * n for n in (32, 40, 48, 56, 64)
+    ]
     # graph_requests bounds it below max_num_seqs.
     config = engine_config(VLLM_SIZES, max_num_seqs=256)
     assert max(add_decode_graph_sizes(config, graph_requests=40, draft_rows=16)) == 17 * 40

@@ -9,9 +9,11 @@ ran eagerly, bound by the host: 46.6 ms a round on an H100 where its GPU time wa
 (benchmarks/results/h100_2026-12-07e).
 
 So a DominoTree engine also captures the decode steps of up to `graph_requests`
-requests (options), at both query lengths a step runs: the target's verification
-(1 + num_speculative_tokens rows a request) and the drafter's query block (its block
-size), with vLLM's own grid of request counts (1, 2, 4, 8 to 248 by 8, then by 16).
+requests (options) at the target's verification (1 + num_speculative_tokens rows a
+request) and, on the V2 runner, whose DFlash speculator takes its graph sizes from the
+same list, at the drafter's query block (its block size; V1's drafter captures every
+batch size itself, engine/draft_graphs.py), with vLLM's own grid of request counts (1,
+2, 4, 8 to 248 by 8, then by 16).
 An engine whose user chose its capture sizes, or that runs without graphs (CPU,
 enforce_eager), keeps vLLM's sizes.
 """
@@ -56,10 +58,10 @@ def user_chose_sizes(args: Any) -> bool:
     return any(value is not None for value in chosen)
 
 
-def add_decode_graph_sizes(config: Any, graph_requests: int, draft_rows: int) -> list[int]:
+def add_decode_graph_sizes(config: Any, graph_requests: int, draft_rows: int | None) -> list[int]:
     """Add to the engine's capture sizes the decode steps of up to graph_requests
-    requests (and max_num_seqs), verification and drafting alike; returns the sizes
-    added. No graphs (an empty list): nothing to add."""
+    requests (and max_num_seqs), of the verification and, given draft_rows, of the
+    drafter's block; returns the sizes added. No graphs (an empty list): nothing to add."""
     compilation = config.compilation_config
     captured = list(compilation.cudagraph_capture_sizes or [])
     if not captured or graph_requests == 0:
@@ -67,7 +69,7 @@ def add_decode_graph_sizes(config: Any, graph_requests: int, draft_rows: int) ->
     scheduler = config.scheduler_config
     verify_rows = 1 + config.speculative_config.num_speculative_tokens
     wanted = decode_sizes(
-        (verify_rows, draft_rows),
+        (verify_rows,) if draft_rows is None else (verify_rows, draft_rows),
         min(graph_requests, scheduler.max_num_seqs),
         scheduler.max_num_batched_tokens,
     )
@@ -77,12 +79,10 @@ def add_decode_graph_sizes(config: Any, graph_requests: int, draft_rows: int) ->
         compilation.cudagraph_capture_sizes = sizes
         compilation.max_cudagraph_capture_size = sizes[-1]
         logger.info(
-            "dominotree: CUDA graphs for decode steps of up to %d requests (%d and %d "
-            "rows a request): capture sizes %s added to vLLM's, which stop at %d tokens; "
-            "the option graph_requests 0 keeps vLLM's",
+            "dominotree: CUDA graphs for decode steps of up to %d requests: capture sizes "
+            "%s added to vLLM's, which stop at %d tokens; the option graph_requests 0 "
+            "keeps vLLM's",
             min(graph_requests, scheduler.max_num_seqs),
-            verify_rows,
-            draft_rows,
             added,
             captured[-1],
         )

@@ -143,8 +143,11 @@ def patch_engine_args() -> None:
         check_engine_config(config)
         if not sizes_chosen:
             options = DominoTreeConfig(**config.additional_config[ADDITIONAL_CONFIG_KEY])
-            spec = read_spec(config.speculative_config.model)
-            add_decode_graph_sizes(config, options.graph_requests, draft_rows=spec.block_size)
+            # V2's DFlash speculator takes its graph sizes from the engine's list; V1's
+            # drafter captures its own (engine/draft_graphs.py).
+            v2 = options.model_runner == "v2"
+            draft_rows = read_spec(config.speculative_config.model).block_size if v2 else None
+            add_decode_graph_sizes(config, options.graph_requests, draft_rows)
         bind(config, block)
         return config
 
