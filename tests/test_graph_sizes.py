@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from vllm_dominotree.graph_sizes import (
     add_decode_graph_sizes,
     decode_sizes,
+    logger,
     request_grid,
     user_chose_sizes,
 )
@@ -51,9 +53,16 @@ def test_decode_sizes_cover_both_query_lengths_within_the_step():
     assert max(decode_sizes((17, 16), 64, 1000)) == 17 * 56  # 16 x 64 is past the step
 
 
-def test_a_tree_engine_captures_its_decode_steps_past_vllms_ceiling():
+def test_a_tree_engine_captures_its_decode_steps_past_vllms_ceiling(caplog):
     config = engine_config(VLLM_SIZES)
-    added = add_decode_graph_sizes(config, graph_requests=128, draft_rows=16)
+    with caplog.at_level(logging.INFO):
+        logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate to the root
+        try:
+            added = add_decode_graph_sizes(config, graph_requests=128, draft_rows=16)
+        finally:
+            logger.removeHandler(caplog.handler)
+    # The engine's log says what it captures beyond vLLM's sizes.
+    assert "decode steps of up to 64 requests" in caplog.text and "1088" in caplog.text
     # Verification (17 rows a request) and the drafter's block (16), 32 to 64 requests.
     assert added == sorted(
         {*(17 * n for n in (32, 40, 48, 56, 64)), *(16 * n for n in (40, 48, 56, 64))}

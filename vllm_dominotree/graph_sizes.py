@@ -20,10 +20,13 @@ enforce_eager), keeps vLLM's sizes.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from vllm.logger import init_logger
+
+# Under vLLM's logger, whose handler and level print the engine's start: a user sees the
+# sizes added beside vLLM's own capture messages.
+logger = init_logger(f"vllm.{__name__}")
 
 # The engine arguments through which a user chooses capture sizes (EngineArgs fields,
 # and the same two inside its compilation_config).
