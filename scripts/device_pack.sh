@@ -7,14 +7,19 @@
 # `bash scripts/device_unpack.sh k` first; once every chunk has arrived, the paths
 # appear in the device's working tree (as links into /tmp/ship/files) in that call and,
 # by running device_unpack.sh again, in every later call. A call may carry one chunk.
-# SHIP_DIR, SHIP_STORE and SHIP_LIMIT move the folders and the limit (for tests).
+# SHIP_DIR, SHIP_STORE, SHIP_LIMIT and SHIP_MARGIN move the folders, the limit and the
+# margin (for tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 limit=${SHIP_LIMIT:-$((64 * 1024 * 1024))}
 ship=${SHIP_DIR:-.ship}
 tree=$( (git ls-files; git ls-files --others --exclude-standard) | sort -u |
   while read -r f; do [ -f "$f" ] && stat -c %s "$f"; done | awk '{s += $1} END {print s + 0}')
-budget=$((limit - tree - limit / 32))  # .gpu/bin and a margin
+# .gpu/bin and a margin for the working tree's growth (results, code) while the pack is
+# kept across sessions: 8 MiB (with 2 MiB a pack of 2026-12-07 no longer fitted beside
+# the same tree a day of results later).
+margin=${SHIP_MARGIN:-$((8 * 1024 * 1024))}
+budget=$((limit - tree - margin))
 [ "$budget" -gt $((limit / 8)) ] || { echo "working tree too large to ship beside" >&2; exit 1; }
 rm -rf "$ship" && mkdir -p "$ship/stream"
 tar -cf - "$@" | split -b "$budget" -d -a 2 - "$ship/stream/"
