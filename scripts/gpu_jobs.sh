@@ -208,6 +208,8 @@ $e::test_paths_attention_refused_without_fa3"
         "tests $e::test_mixed_prefill_and_trees_piecewise $e::test_chain_on_the_v2_runner_equals_no_speculation[64]"
         "tests $e::test_trees_on_the_v2_runner_equal_no_speculation"
         "tests $e::test_trees_past_vllms_capture_sizes_build_in_the_builders_graph"
+        "tests $e::test_decode_steps_past_vllms_capture_ceiling_run_in_graphs[v1]"
+        "tests $e::test_decode_steps_past_vllms_capture_ceiling_run_in_graphs[v2]"
         "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-default] \
 $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v1-torch]"
         "tests $e::test_node_steps_of_a_top_m_restriction_equal_no_speculation[v2-default] \
