@@ -4,7 +4,7 @@
 #   bash scripts/gpu_jobs.sh JOB [ARGS] ; logs and results go to $OUT (default ./out)
 # Jobs:
 #   suite PART        tests/gpu in three parts, a call each: `suite tests` (the kernel,
-#                     builder and engine tests, 21 jobs in one `parallel` phase), `suite
+#                     builder and engine tests, 24 jobs in one `parallel` phase), `suite
 #                     bf16` (the bf16 test's baselines and its 20 variants, which await
 #                     them, another phase) and `suite memory` (the memory-profiled
 #                     engine starts, alone on the GPU) -> $OUT/suite_PART.log; on two
