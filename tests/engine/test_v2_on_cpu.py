@@ -82,6 +82,8 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
     assert v1["report"]["model_runner"] == "v1" and v1["report"]["steps"] > 0
     report = v2["report"]
     assert report["model_runner"] == "v2" and report["scorer"] == scorer
+    # No CUDA graphs on CPU: none captured, none widened (graph_sizes.py).
+    assert report["graph_tokens"] == v1["report"]["graph_tokens"] == 0
     if scorer == "chain":
         assert "tree_attention" not in report and "steps" not in report
         return

@@ -273,6 +273,7 @@ def test_decode_steps_past_vllms_capture_ceiling_run_in_graphs(dirs, expected_wi
     tokens, stats = generate(dirs, config, prompts=WIDE, max_num_seqs=40)
     print(f"wide-{model_runner}", stats)
     assert tokens == expected_wide
+    assert stats["graph_tokens"] == 40 * 17  # vLLM's own stop at 512
     if model_runner == "v1":
         assert stats["full_graph_steps"] > 0.8 * stats["steps"]
         assert stats["graph_builds"] >= stats["steps"] and stats["eager_builds"] == 0

@@ -247,6 +247,9 @@ class DominoTreeRunnerMixin:
             "tree_attention_check": self.attention_check(),
             # FULL graphs captured without the stock pass (one pass)
             "one_pass_graphs": len(self._verification.one_pass_graphs),
+            # The largest step vLLM captured (graph_sizes.py: decode steps of up to
+            # graph_requests trees); 0 without graphs.
+            "graph_tokens": self.compilation_config.max_cudagraph_capture_size or 0,
         }
 
     def read_stats(self) -> DominoTreeStats:

@@ -213,6 +213,8 @@ class DominoTreeV2RunnerMixin:
             "max_leaves": self.speculator.shape.max_leaves,
             "step_leaves": self.speculator.shape.step_leaves,
             "stage_seconds": dict(self.stage_clock.seconds),
+            # The largest step vLLM captured (graph_sizes.py); 0 without graphs.
+            "graph_tokens": self.compilation_config.max_cudagraph_capture_size or 0,
         }
         if self._trees:
             self._fold_step_stats(wait=True)
