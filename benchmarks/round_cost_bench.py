@@ -405,6 +405,9 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
     start_s = time.perf_counter() - started
     # What the engine was built with (every traced figure below is rank 0's).
     tensor_parallel_size = llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
+    # The largest step the engine captured: vLLM's 512 tokens, or the plugin's decode steps
+    # of up to graph_requests trees (graph_sizes.py), or a -graphs1088 variant's.
+    graph_tokens = llm.llm_engine.vllm_config.compilation_config.max_cudagraph_capture_size
     vocab = SHAPES[args.shape]["vocab_size"]
     rows = []
     try:
@@ -429,6 +432,7 @@ def run_method(method: str, dirs: dict[str, str], args) -> list[dict]:
                 "ms_per_round": statistics.median(ms_runs),
                 "ms_per_round_runs": ms_runs,
                 "engine_start_s": start_s,
+                "graph_tokens": graph_tokens or 0,
             }
             if base not in PLUGIN_METHODS and not args.no_split:
                 # vLLM's own methods and the plugin's on V2: the GPU's kernel time (their

@@ -81,6 +81,8 @@ def test_round_cost_bench_runs_every_method(tmp_path):
             r["engine_start_s"]
             == rows[[x["method"] for x in rows].index(r["method"])]["engine_start_s"]
         )
+        # No graphs on CPU (enforce_eager): none captured, none widened.
+        assert r["graph_tokens"] == 0
         # The median of the repeated runs of one batch.
         assert len(r["ms_per_round_runs"]) == 2
         assert r["ms_per_round"] == sum(r["ms_per_round_runs"]) / 2
