@@ -70,10 +70,11 @@ def add_decode_graph_sizes(config: Any, graph_requests: int, draft_rows: int | N
     if not captured or graph_requests == 0:
         return []
     scheduler = config.scheduler_config
+    requests = min(graph_requests, scheduler.max_num_seqs)
     verify_rows = 1 + config.speculative_config.num_speculative_tokens
     wanted = decode_sizes(
         (verify_rows,) if draft_rows is None else (verify_rows, draft_rows),
-        min(graph_requests, scheduler.max_num_seqs),
+        requests,
         scheduler.max_num_batched_tokens,
     )
     added = sorted(set(wanted) - set(captured))
@@ -85,7 +86,7 @@ def add_decode_graph_sizes(config: Any, graph_requests: int, draft_rows: int | N
             "dominotree: CUDA graphs for decode steps of up to %d requests: capture sizes "
             "%s added to vLLM's, which stop at %d tokens; the option graph_requests 0 "
             "keeps vLLM's",
-            min(graph_requests, scheduler.max_num_seqs),
+            requests,
             added,
             captured[-1],
         )

@@ -23,7 +23,7 @@ from vllm.platforms import current_platform
 from vllm.platforms.interface import CpuArchEnum
 
 from ..config import DominoTreeConfig, DominoTreeConfigError, accept_kernel, node_step
-from ..drafter.checkpoint import DrafterFormatError, check_fits_target, read_spec
+from ..drafter.checkpoint import DrafterFormatError, DrafterSpec, check_fits_target, read_spec
 from ..graph_sizes import add_decode_graph_sizes, user_chose_sizes
 from ..metrics import bind, export_for_engine
 from ..openmp import gnu_openmp_warning, intel_openmp, preloaded_runtime
@@ -70,9 +70,10 @@ def prepare_engine_args(args: EngineArgs) -> None:
     # engine by patches/model_runner_choice.py.
 
 
-def check_engine_config(config) -> None:
+def check_engine_config(config) -> tuple[DominoTreeConfig, DrafterSpec]:
     """Refuse targets the tree runner cannot verify and drafters that do not fit the
-    target, once vLLM knows the model (still in process 0, before any worker starts)."""
+    target, once vLLM knows the model (still in process 0, before any worker starts);
+    returns the options and the drafter's spec it read."""
     model = config.model_config
     if model.is_hybrid or model.is_attention_free:
         raise DominoTreeConfigError(
@@ -106,6 +107,7 @@ def check_engine_config(config) -> None:
             logger.warning(warning)
         if warning := gnu_openmp_warning(preloaded_runtime(), intel_openmp()):
             logger.warning(warning)
+    return options, spec
 
 
 def slow_bfloat16_warning(dtype: torch.dtype, native_bf16: bool) -> str | None:
@@ -140,13 +142,11 @@ def patch_engine_args() -> None:
         block = export_for_engine()  # the plugin's figures at /metrics (metrics.py)
         sizes_chosen = user_chose_sizes(self)
         config = original(self, *args, **kwargs)
-        check_engine_config(config)
+        options, spec = check_engine_config(config)
         if not sizes_chosen:
-            options = DominoTreeConfig(**config.additional_config[ADDITIONAL_CONFIG_KEY])
             # V2's DFlash speculator takes its graph sizes from the engine's list; V1's
             # drafter captures its own (engine/draft_graphs.py).
-            v2 = options.model_runner == "v2"
-            draft_rows = read_spec(config.speculative_config.model).block_size if v2 else None
+            draft_rows = spec.block_size if options.model_runner == "v2" else None
             add_decode_graph_sizes(config, options.graph_requests, draft_rows)
         bind(config, block)
         return config
