@@ -1,5 +1,4 @@
-"""Which attention-layer features each tree backend implements, checked on the layer,
-and which kernel a target layer runs (the CUDA tree-attention mode's choice).
+"""Which attention-layer features each tree backend implements, checked on the layer.
 
 Both backends check a target layer when it first verifies trees (on CUDA that is while
 vLLM captures its graphs, at start-up), and name what the model uses that they lack.
@@ -33,12 +32,3 @@ def check_supported(impl, lacks: tuple[str, ...], backend: str) -> None:
     if found:
         raise NotImplementedError(f"dominotree: tree verification on {backend} lacks {found}")
     impl._dominotree_supported = True
-
-
-def runs_fa3(layer) -> bool:
-    """The layer runs vLLM's FlashAttention backend with FA3 (bf16 / fp16 on Hopper; float32
-    models run Triton): path requests can go through it (tree_paths.py)."""
-    from .cuda_attention import TreeFlashAttentionImpl  # imports vLLM's CUDA backends
-
-    impl = getattr(layer, "impl", None)
-    return isinstance(impl, TreeFlashAttentionImpl) and impl.vllm_flash_attn_version == 3

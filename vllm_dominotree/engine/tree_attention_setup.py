@@ -14,12 +14,20 @@ import torch
 
 from ..config import attention_mode, path_splits
 from ..kernels.tree_merge import check_merge_shape
-from .backend_support import runs_fa3
 from .tree_paths import PathTables, slot_view
 from .tree_step import TreeVerification
 
 # The modes that need no one pass, for an engine that cannot take one.
 NO_ONE_PASS_MODES = ("auto", "fixup", "paths")
+
+
+def runs_fa3(layer) -> bool:
+    """The layer runs vLLM's FlashAttention backend with FA3 (bf16 / fp16 on Hopper; float32
+    models run Triton): path requests can go through it (tree_paths.py)."""
+    from .cuda_attention import TreeFlashAttentionImpl  # imports vLLM's CUDA backends
+
+    impl = getattr(layer, "impl", None)
+    return isinstance(impl, TreeFlashAttentionImpl) and impl.vllm_flash_attn_version == 3
 
 
 def cuda_tree_attention(fa3: bool, kv_update_in_forward: bool, no_one_pass: str | None) -> str:
