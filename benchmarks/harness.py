@@ -63,16 +63,26 @@ METHODS |= {
 
 # A DominoTree method's suffixes: `-vS` drafts from the drafter's draft vocabulary of S
 # tokens (0: the whole vocabulary), `-mM` scores M candidates per depth, `-lL` grows trees
-# of at most L leaves, `-sN` shares N leaves over a step's trees (0: no limit).
-OPTION_SUFFIXES = {"v": "draft_vocab", "m": "candidates", "l": "max_leaves", "s": "step_leaves"}
+# of at most L leaves, `-sN` shares N leaves over a step's trees (0: no limit), `-tT`
+# scores trees at temperature T (without it: the drafter's fitted one).
+OPTION_SUFFIXES = {
+    "v": "draft_vocab",
+    "m": "candidates",
+    "l": "max_leaves",
+    "s": "step_leaves",
+    "t": "score_temperature",
+}
 
 
 def method_spec(method: str) -> dict | None:
     """METHODS[method], with the options of its suffixes (`conditional-4-m16-v8192`; a
     KeyError for a name that is not a method, or suffixes on one that is not DominoTree)."""
     base, options = method, {}
-    while match := re.fullmatch(r"(.+)-([vmls])(\d+)", base):
-        base, options = match[1], {OPTION_SUFFIXES[match[2]]: int(match[3]), **options}
+    while match := re.fullmatch(r"(.+)-([vmlst])(\d+(?:\.\d+)?)", base):
+        if match[2] != "t" and "." in match[3]:  # only temperatures have decimals
+            raise KeyError(method)
+        value = float(match[3]) if match[2] == "t" else int(match[3])
+        base, options = match[1], {OPTION_SUFFIXES[match[2]]: value, **options}
     spec = METHODS[base]
     if not options:
         return spec
@@ -89,7 +99,8 @@ def known_method(method: str) -> str:
         raise argparse.ArgumentTypeError(
             f"unknown method {method!r}: one of {sorted(METHODS)}, a DominoTree one "
             "optionally with -mM (M candidates), -vS (draft vocabulary of S tokens), -lL "
-            "(at most L leaves) and -sN (N leaves over a step's trees)"
+            "(at most L leaves), -sN (N leaves over a step's trees) and -tT (trees scored at "
+            "temperature T)"
         ) from None
     return method
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, fields
 
 from .drafter.checkpoint import DrafterSpec
+from .drafter.score_temperature import check_temperature
 from .tree.builder import TreeShape
 
 SCORERS = ("conditional", "marginal", "chain")
@@ -195,6 +196,10 @@ class DominoTreeConfig:
     # capture stops at 512 tokens, 30 trees of 17 rows. 0 keeps vLLM's sizes; capture
     # sizes the user names are kept either way.
     graph_requests: int = 128
+    # The trees' scores are the drafter's log-probs of logits / score_temperature: a
+    # drafter's fitted value (drafter/score_temperature.py) where the user names none
+    # (speculative.py), else 1. It shapes the trees only; output stays lossless.
+    score_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.scorer not in SCORERS:
@@ -229,6 +234,13 @@ class DominoTreeConfig:
                 f"model_runner {self.model_runner!r} is unknown; choose one of "
                 f"{', '.join(MODEL_RUNNERS)}"
             )
+        try:
+            check_temperature(self.score_temperature, "score_temperature")
+        except ValueError as err:
+            raise DominoTreeConfigError(
+                f"{err}: the drafter's logits are divided by it before the trees' scores "
+                "(1 = as the drafter gives them)"
+            ) from None
         if not isinstance(self.spine, bool):
             raise DominoTreeConfigError(f"spine must be true or false, got {self.spine!r}")
         if self.max_children is not None and (

@@ -96,6 +96,7 @@ class ReferenceDecoder:
                 prefix_len=drafter.spec.pure_draft_prefix_len,
                 max_requests=1,
                 vocab_ids=vocab_ids,
+                temperature=config.score_temperature,
             )
 
     @property

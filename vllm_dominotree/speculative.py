@@ -20,6 +20,7 @@ from typing import Any
 from .config import CPU_BUDGET, CPU_DRAFT_VOCAB, DominoTreeConfig, DominoTreeConfigError
 from .drafter.checkpoint import DrafterFormatError, read_spec
 from .drafter.draft_vocab import default_size, draft_vocab_ids
+from .drafter.score_temperature import default_temperature
 
 METHOD = "dominotree"
 ADDITIONAL_CONFIG_KEY = "dominotree"
@@ -44,8 +45,14 @@ def translate(
     try:
         spec = read_spec(drafter)
     except DrafterFormatError as err:
-        raise DominoTreeConfigError(f"speculative config 'model': {err}") from err
+        raise DominoTreeConfigError(f"speculative config 'draft_vocab': {err}") from err
     chosen = {k: v for k, v in options.items() if k not in VLLM_KEYS}
+    if "score_temperature" not in chosen:
+        try:
+            scorer = chosen.get("scorer", DominoTreeConfig.scorer)
+            chosen["score_temperature"] = default_temperature(drafter, scorer)
+        except DrafterFormatError as err:
+            raise DominoTreeConfigError(f"speculative config 'model': {err}") from err
     try:
         if on_cpu:
             chosen.setdefault("budget", CPU_BUDGET)

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..config import CPU_BUDGET, CPU_DRAFT_VOCAB, DominoTreeConfig
 from ..drafter import Drafter
 from ..drafter.draft_vocab import default_size
+from ..drafter.score_temperature import default_temperature
 from ..evaluation.datasets import chat_token_ids
 from ..openmp import engine_runtime
 from ..reference import STAGES, ReferenceDecoder
@@ -95,6 +96,8 @@ def main() -> None:
             candidates=args.candidates,
             scorer=scorer,
             draft_vocab=args.draft_vocab,
+            # as the engine chooses (speculative.py): the drafter's fitted temperature
+            score_temperature=default_temperature(drafter_dir, scorer),
         )
         decoders[scorer] = ReferenceDecoder(target, drafter, config)
 

@@ -126,4 +126,5 @@ def drafter_scorer(
         vocab_ids=vocab_ids,
         # CPU: float32 node steps (one-row bfloat16 products are slow there).
         step_dtype=torch.float32 if device.type == "cpu" else None,
+        temperature=options.score_temperature,
     )

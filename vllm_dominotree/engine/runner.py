@@ -135,6 +135,7 @@ class DominoTreeRunnerMixin:
         self._stats.scorer_step = self.drafter.scorer.step
         self._stats.accept_kernel = accept_kernel(cuda)
         self._stats.draft_vocab = draft_vocab_size(self.drafter.scorer)
+        self._stats.score_temperature = self.drafter.scorer.temperature
         self._stats.candidates = corrected_candidates(self.drafter.scorer)
         self._stats.budget = self.drafter.budget
         self._stats.max_leaves = self.drafter.shape.max_leaves

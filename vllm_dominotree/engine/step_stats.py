@@ -64,6 +64,9 @@ class DominoTreeStats:
     # Tokens the drafter's logits cover (its draft vocabulary, drafter/draft_vocab.py);
     # 0: the whole vocabulary.
     draft_vocab: int = 0
+    # The trees' scores are the drafter's log-probs of logits / this (config
+    # `score_temperature`: the drafter's fitted value unless the user named one).
+    score_temperature: float = 1.0
     # Candidates per depth the conditional scorer or Domino's chain corrects: M (config
     # `candidates`), or the logits' width without a restriction; 0: the marginal scorer.
     candidates: int = 0

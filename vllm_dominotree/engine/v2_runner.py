@@ -208,6 +208,7 @@ class DominoTreeV2RunnerMixin:
             "scorer": self.speculator.options.scorer,
             "scorer_step": self.speculator.scorer.step,
             "draft_vocab": draft_vocab_size(self.speculator.scorer),
+            "score_temperature": self.speculator.scorer.temperature,
             "candidates": corrected_candidates(self.speculator.scorer),
             "budget": self.speculator.shape.budget,
             "max_leaves": self.speculator.shape.max_leaves,

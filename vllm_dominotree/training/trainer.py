@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import random
 import time
 from dataclasses import dataclass
@@ -140,7 +141,9 @@ def released_start(drafter_dir: Path, target_config) -> tuple[dict, dict[str, to
 
 
 def load_sequences(path: Path) -> list[tuple[list[int], int]]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """(tokens, prompt_len) of every line of a JSONL file (xz-compressed when named .xz)."""
+    text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [(r["tokens"], r["prompt_len"]) for r in rows]
 
 
@@ -208,18 +211,18 @@ def target_features(target, layer_ids, tokens: torch.Tensor, lengths: torch.Tens
     return torch.cat([hidden.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
-def block_logits(
+def block_hidden(
     target, drafter: Drafter, batch: Batch, device: torch.device, features=None
-) -> BlockLogits:
-    """The objective's forward (module docstring): every anchor's block from the target's
-    features before it, the GRU over the true tokens (teacher forcing). features: the
-    batch's target_features when the caller already has them (several passes over the
-    anchors of one batch of tokens)."""
+) -> torch.Tensor:
+    """Every anchor's block from the target's features before it: the drafter's
+    final-normed rows of its drafts [B, A, K, H]. features: the batch's target_features
+    when the caller already has them (several passes over the anchors of one batch of
+    tokens)."""
     tokens, anchors = batch.tokens.to(device), batch.anchors.to(device)
     b, a = anchors.shape
-    s, head = drafter.spec, drafter.head
+    s = drafter.spec
     embed = target.get_input_embeddings().weight
-    bs, k = s.block_size, s.num_drafts
+    bs = s.block_size
     positions = torch.arange(tokens.shape[1], device=device).expand(b, -1)
     if features is None:
         features = target_features(target, s.target_layer_ids, tokens, batch.lengths.to(device))
@@ -227,12 +230,25 @@ def block_logits(
     slots = torch.arange(bs, device=device)
     embeds = embed[s.mask_token_id].expand(b, a, bs, -1).clone()
     embeds[:, :, 0] = embed[tokens.gather(1, anchors)]
-    hidden = drafter.backbone(
+    return drafter.backbone(
         embeds.flatten(1, 2),
         (anchors[..., None] + slots).flatten(1),
         context,
         block_mask(anchors, tokens.shape[1], bs),
-    ).view(b, a, bs, -1)[:, :, s.first_draft_slot :]  # [B, A, K, H]
+    ).view(b, a, bs, -1)[:, :, s.first_draft_slot :]
+
+
+def block_logits(
+    target, drafter: Drafter, batch: Batch, device: torch.device, features=None
+) -> BlockLogits:
+    """The objective's forward (module docstring): every anchor's block (block_hidden),
+    the GRU over the true tokens (teacher forcing)."""
+    tokens, anchors = batch.tokens.to(device), batch.anchors.to(device)
+    b, a = anchors.shape
+    s, head = drafter.spec, drafter.head
+    embed = target.get_input_embeddings().weight
+    k = s.num_drafts
+    hidden = block_hidden(target, drafter, batch, device, features)  # [B, A, K, H]
     drafts = torch.arange(k, device=device)
     labels = tokens.gather(1, (anchors[..., None] + 1 + drafts).flatten(1)).view(b, a, k)
     base = target.get_output_embeddings()(hidden)  # [B, A, K, V]

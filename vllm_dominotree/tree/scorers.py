@@ -126,15 +126,18 @@ class MarginalScorer:
         vocab: int,
         device,
         vocab_ids: torch.Tensor | None = None,
+        temperature: float = 1.0,
     ):
         """vocab: the marginals' width; vocab_ids: [S] the draft vocabulary's token ids
-        (None: the logits' index is the token id)."""
+        (None: the logits' index is the token id); temperature: the marginals' log-probs
+        are those of logits / temperature (drafter/score_temperature.py)."""
         if vocab_ids is not None:
             vocab = vocab_ids.numel()
             vocab_ids = vocab_ids.to(device)
         self.vocab_ids = vocab_ids
         self.max_children = min(max_children, vocab)
         self.max_requests = max_requests
+        self.temperature = temperature
         self.step_rows = 1
         self.step = "table"  # children are read from the per-depth tables
         self.zero_slot = self.scratch_slot = 0  # node state slots: marginals keep none
@@ -155,6 +158,8 @@ class MarginalScorer:
         self.step_rows = padded_rows(n, self.max_requests)
         # log p = logit - log Z: the top-C of the logits themselves, so no float32 copy
         # of the [R, K, V] logits is made (on CUDA the normalizer is one fused reduction).
+        if self.temperature != 1.0:
+            base_logits = base_logits / self.temperature
         values, tokens = base_logits.topk(self.max_children, -1)
         log_z = self._log_normalizer(base_logits)
         self.logprobs[:n] = values.float() - log_z[..., None]  # float32 -> float64 exact
@@ -200,13 +205,17 @@ class ConditionalScorer:
         kernels: bool = False,
         vocab_ids: torch.Tensor | None = None,
         step_dtype: torch.dtype | None = None,
+        temperature: float = 1.0,
     ):
         """kernels: the per-node step as two Triton launches (kernels/domino_step.py;
         needs a top-M restriction; tests run them on CPU under Triton's interpreter).
         vocab_ids: [S] the draft vocabulary's token ids (None: the whole vocabulary).
         step_dtype: the per-node step's dtype (None: the head's); the CPU engine takes
         float32, whose one-row products there cost a half to a ninth of bfloat16's
-        (benchmarks/results/draft_vocab_cpu.md)."""
+        (benchmarks/results/draft_vocab_cpu.md). temperature: children's log-probs are
+        those of the corrected logits / temperature (drafter/score_temperature.py); the
+        division is folded into the step's tables (the marginal logits and the
+        correction's output rows), so the node step itself is the same."""
         if step_dtype is not None and step_dtype != head.proj_out.dtype:
             head = copy.deepcopy(head).to(step_dtype)
         vocab, emb_dim = head.proj_out.shape
@@ -218,9 +227,13 @@ class ConditionalScorer:
         # The correction's output rows over the logits' width: [V or S, E].
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(device)
         self.vocab_proj = head.proj_out if vocab_ids is None else head.proj_out[self.vocab_ids]
+        self.temperature = temperature
         if vocab_ids is not None:
             vocab = vocab_ids.numel()
         self.restricted = candidates < vocab
+        if temperature != 1.0 and not self.restricted:
+            # The step multiplies by these rows over the whole width: scaled once here.
+            self.vocab_proj = self.vocab_proj / temperature
         self.width = candidates if self.restricted else vocab
         self.max_children = min(max_children, self.width)
         self.prefix_len = prefix_len
@@ -268,15 +281,19 @@ class ConditionalScorer:
             raise ValueError(f"{n} requests in a step, scorer sized for {self.max_requests}")
         self.step_rows = padded_rows(n, self.max_requests)
         self.hid_part[:n] = hidden.to(self.hid_part.dtype) @ self.w_hid.T
+        # The step's logits are base + correction, the correction a product with the
+        # output rows: both divided by the temperature, so are the logits.
+        scale = 1.0 / self.temperature
         if self.restricted:
             values, index = base_logits.topk(self.width, dim=-1)
-            self.base[:n] = values
+            self.base[:n] = values if scale == 1.0 else values * scale
             self.cand[:n] = self._token_ids(index)
-            self.proj_rows[:n] = self.head.proj_out[self.cand[:n]]
+            rows = self.head.proj_out[self.cand[:n]]
+            self.proj_rows[:n] = rows if scale == 1.0 else rows * scale
             if self.kernel_step is not None:
                 self.kernel_step.fill_table(n)
         else:
-            self.base[:n] = base_logits
+            self.base[:n] = base_logits if scale == 1.0 else base_logits * scale
 
     def children(self, req, node, parent, token, depth) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-node step for [p] rows (request, the node's state slot, its parent's
@@ -401,6 +418,7 @@ def make_scorer(
     kernels: bool = False,
     vocab_ids: torch.Tensor | None = None,
     step_dtype: torch.dtype | None = None,
+    temperature: float = 1.0,
 ) -> ConditionalScorer | MarginalScorer:
     """The scorer for a config's `scorer` kind. The chain is Domino's decoder (the
     corrected argmax over the marginal top-`candidates` of each depth, as a tree's
@@ -412,7 +430,8 @@ def make_scorer(
     once per step. vocab: the
     marginals' width (default: the embedding's rows); kernels: the conditional scorer's
     Triton step; vocab_ids: [S] the draft vocabulary (None: the whole vocabulary);
-    step_dtype: the conditional scorer's per-node step dtype (None: the head's)."""
+    step_dtype: the conditional scorer's per-node step dtype (None: the head's);
+    temperature: the scores' (drafter/score_temperature.py)."""
     if kind == "marginal" or (kind == "chain" and head is None):
         return MarginalScorer(
             shape.max_children,
@@ -421,6 +440,7 @@ def make_scorer(
             vocab=vocab or embed_tokens.shape[0],
             device=embed_tokens.device,
             vocab_ids=vocab_ids,
+            temperature=temperature,
         )
     if head is None:
         raise ValueError("the conditional scorer needs a Domino head")
@@ -436,4 +456,5 @@ def make_scorer(
         kernels=kernels,
         vocab_ids=vocab_ids,
         step_dtype=step_dtype,
+        temperature=temperature,
     )
