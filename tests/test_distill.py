@@ -44,9 +44,10 @@ def test_user_turn_prefix_is_the_template_up_to_the_users_text(smollm2_dir):
 
 
 def test_the_kept_answers_prompts_share_no_8_gram_with_the_evaluation_sets(smollm2_dir):
-    """data/smollm2 (answers distilled on the GPU, kept for later training chunks): every
-    prompt's user turn, decoded from its tokens, passes the same check; and the check
-    sees those turns (a leaked evaluation prompt among them is found)."""
+    """data/smollm2 (answers kept for later training chunks, and held out for fitting the
+    score temperatures): every prompt's user turn, decoded from its tokens, passes the
+    same check; and the check sees those turns (a leaked evaluation prompt among them is
+    found)."""
     import json
     import lzma
     from pathlib import Path
@@ -56,7 +57,8 @@ def test_the_kept_answers_prompts_share_no_8_gram_with_the_evaluation_sets(smoll
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     prefix = user_turn_prefix(tokenizer)
     turns = []
-    for path in sorted(Path(__file__).parents[1].glob("data/smollm2/answers-*.jsonl.xz")):
+    kept = Path(__file__).parents[1] / "data" / "smollm2"
+    for path in sorted([*kept.glob("answers-*.jsonl.xz"), *kept.glob("heldout-*.jsonl.xz")]):
         with lzma.open(path, "rt") as rows:
             for line in rows:
                 row = json.loads(line)

@@ -1,6 +1,7 @@
 """The embedded real pair through vLLM: SmolLM2-135M-Instruct with its trained Domino
 drafter, greedy output identical to the target alone (float32, CPU), drafting from the
-drafter's draft vocabulary as the CPU does by default."""
+drafter's draft vocabulary and scoring trees at its fitted temperature, as the CPU does by
+default."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from vllm_dominotree.config import CPU_DRAFT_VOCAB
+from vllm_dominotree.drafter.score_temperature import default_temperature
 from vllm_dominotree.evaluation.datasets import chat_token_ids
 from vllm_dominotree.training.smollm2 import DRAFTER_DIR
 
@@ -39,5 +41,8 @@ def test_smollm2_pair_is_lossless_and_accepts_drafts(smollm2_dir):
     # The CPU's default: the drafter drafts from its ranking's first CPU_DRAFT_VOCAB tokens.
     assert stats["draft_vocab"] == CPU_DRAFT_VOCAB
     assert stats["candidates"] == 64  # the correction's top M (the default)
+    # The drafter's fitted score temperature (drafter/score_temperature.py), not 1.
+    fitted = default_temperature(DRAFTER_DIR, "conditional")
+    assert fitted != 1.0 and stats["score_temperature"] == fitted
     assert stats["mean_accept_length"] > 1.5
     assert stats["sibling_accepts"] > 0  # the tree, not just its first path, pays off

@@ -59,6 +59,7 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
     V2 runs traced, as the round-cost bench traces it: its stages are named (the host's
     time in each is counted), and tracing changes nothing."""
     config = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": scorer, "budget": 16}
+    config["score_temperature"] = 1.5  # both runners' scorers take it (the same trees)
     target = pair_dirs["target"]
     v1 = run_engine("v1", target, speculative_config=config)
     v2 = run_engine("v2", target, speculative_config={**config, "model_runner": "v2"}, trace=True)
@@ -82,6 +83,7 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
     assert v1["report"]["model_runner"] == "v1" and v1["report"]["steps"] > 0
     report = v2["report"]
     assert report["model_runner"] == "v2" and report["scorer"] == scorer
+    assert report["score_temperature"] == v1["report"]["score_temperature"] == 1.5
     # No CUDA graphs on CPU: none captured, none widened (graph_sizes.py).
     assert report["graph_tokens"] == v1["report"]["graph_tokens"] == 0
     if scorer == "chain":
