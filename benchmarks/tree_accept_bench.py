@@ -16,8 +16,10 @@ position` is the mean over all anchors (training/evaluate.py's measure, above th
 engine's).
 
 Configs: SCORER-BUDGET with an optional -tT, the scores' temperature; without it, the
-drafter's fitted one, as an engine takes it (drafter/score_temperature.py). Ratios are
-over the first config, with paired bootstrap 95% intervals over responses.
+drafter's fitted one, as an engine takes it (drafter/score_temperature.py). Each
+config's ratio is over its twin at T = 1 (`conditional-16` over `conditional-16-t1`)
+where that is listed too, else over the first config, with paired bootstrap 95%
+intervals over responses.
 """
 
 from __future__ import annotations
@@ -120,8 +122,14 @@ def response_accepts(
     return out
 
 
+def reference_of(name: str, names: list[str]) -> str:
+    """The config a config is compared with: its twin at T = 1 if listed, else the first."""
+    twin = re.sub(r"-t\d+(\.\d+)?$", "", name) + "-t1"
+    return twin if twin in names and twin != name else names[0]
+
+
 def summarize(per_response: list[dict[str, list[int]]], names: list[str]) -> dict:
-    """Accept lengths per config, and each one's ratio over the first config's."""
+    """Accept lengths per config, and each one's ratio over its reference_of."""
 
     def rounds_accept(rows, name):
         tokens, rounds = map(sum, zip(*(greedy_rounds(r[name]) for r in rows), strict=True))
@@ -135,15 +143,16 @@ def summarize(per_response: list[dict[str, list[int]]], names: list[str]) -> dic
             "every_position": round(1 + sum(anchors) / len(anchors), 4),
             "anchors": len(anchors),
         }
-        if name != names[0]:
-            ratio = rounds_accept(per_response, name) / rounds_accept(per_response, names[0])
+        reference = reference_of(name, names)
+        if name != reference:
+            ratio = rounds_accept(per_response, name) / rounds_accept(per_response, reference)
             low, high = paired_bootstrap(
                 [{"r": r[name]} for r in per_response],
-                [{"r": r[names[0]]} for r in per_response],
+                [{"r": r[reference]} for r in per_response],
                 lambda rows: rounds_accept(rows, "r"),
                 samples=2000,
             )
-            summary[name] |= {"over_first": round(ratio, 4), "ci95": [low, high]}
+            summary[name] |= {"over": reference, "ratio": round(ratio, 4), "ci95": [low, high]}
     return summary
 
 
@@ -151,9 +160,9 @@ def table_rows(summary: dict) -> list[list[object]]:
     rows = []
     for name, row in summary.items():
         ratio = "-"
-        if "over_first" in row:
+        if "ratio" in row:
             low, high = row["ci95"]
-            ratio = f"{row['over_first']:.3f}x ({low:.3f}-{high:.3f})"
+            ratio = f"{row['ratio']:.3f}x over {row['over']} ({low:.3f}-{high:.3f})"
         rows.append([name, f"{row['temperature']:g}", f"{row['accept_length']:.3f}", ratio,
                      f"{row['every_position']:.3f}"])  # fmt: skip
     return rows
@@ -184,7 +193,7 @@ def main() -> None:
         args.out,
         "tree_accept",
         {"command": command_line(), "summary": summary, "per_response": per_response},
-        ["config", "temperature", "accept length (greedy rounds)", "over the first (95% CI)",
+        ["config", "temperature", "accept length (greedy rounds)", "ratio (95% CI)",
          "every position"],
         table_rows(summary),
         intro=[
