@@ -18,8 +18,8 @@ engine's).
 Configs: SCORER-BUDGET with an optional -tT, the scores' temperature; without it, the
 drafter's fitted one, as an engine takes it (drafter/score_temperature.py). Each
 config's ratio is over its twin at T = 1 (`conditional-16` over `conditional-16-t1`)
-where that is listed too, else over the first config, with paired bootstrap 95%
-intervals over responses.
+where that is listed too (configs at T = 1 have none), else over the first config, with
+paired bootstrap 95% intervals over responses.
 """
 
 from __future__ import annotations
@@ -123,9 +123,10 @@ def response_accepts(
 
 
 def reference_of(name: str, names: list[str]) -> str:
-    """The config a config is compared with: its twin at T = 1 if listed, else the first."""
+    """The config a config is compared with: its twin at T = 1 if listed (a config at T = 1
+    is its own: no ratio), else the first."""
     twin = re.sub(r"-t\d+(\.\d+)?$", "", name) + "-t1"
-    return twin if twin in names and twin != name else names[0]
+    return twin if twin in names else names[0]
 
 
 def summarize(per_response: list[dict[str, list[int]]], names: list[str]) -> dict:

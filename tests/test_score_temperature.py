@@ -222,3 +222,26 @@ def test_offline_rounds_are_the_reference_decoders_rounds(toy_pair, tree_accept_
     assert len(rounds) >= 5 and replayed[: len(rounds)] == rounds
     assert 1 < sum(rounds) / len(rounds) < 1 + K  # rounds of several kinds
     assert tree_accept_bench.greedy_rounds(per_anchor) == (sum(replayed), len(replayed))
+
+
+def test_each_config_is_compared_with_its_twin_at_t1(tree_accept_bench):
+    names = ["conditional-16-t1", "conditional-16", "conditional-4-t1", "conditional-4-t2.5"]
+    assert [tree_accept_bench.reference_of(n, names) for n in names] == [
+        "conditional-16-t1",
+        "conditional-16-t1",
+        "conditional-4-t1",
+        "conditional-4-t1",
+    ]
+    # Two responses: anchor 0 is the prompt's; rounds start at anchor 1.
+    per_response = [
+        {n: [9, 1, 0, 2, 0, 0, 0] for n in names} | {"conditional-16": [9, 4, 0, 0, 0, 0, 0]},
+        {n: [9, 0, 0, 0] for n in names},
+    ]
+    summary = tree_accept_bench.summarize(per_response, names)
+    # At T = 1 rounds of 2, 3, 1 tokens, then 1, 1, 1: 9 tokens in 6 rounds; the other:
+    # 5, 1, then 1, 1, 1: 9 in 5.
+    assert summary["conditional-16-t1"]["accept_length"] == 1.5
+    assert summary["conditional-16"]["accept_length"] == 1.8
+    assert summary["conditional-16"]["over"] == "conditional-16-t1"
+    assert summary["conditional-16"]["ratio"] == 1.2
+    assert "ratio" not in summary["conditional-16-t1"]
