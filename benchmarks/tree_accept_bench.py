@@ -98,7 +98,8 @@ def response_accepts(
     lm_head = target.get_output_embeddings()
     first = first_anchor(prompt_len)
     out: dict[str, list[int]] = {name: [] for name in configs}
-    for chunk in torch.arange(first, max(first, len(tokens) - k)).split(ANCHORS_PER_PASS):
+    positions = torch.arange(first, max(first, len(tokens) - k))  # none for short answers
+    for chunk in positions.split(ANCHORS_PER_PASS) if len(positions) else ():
         batch = Batch(ids, length, chunk[None], torch.ones(1, len(chunk), dtype=torch.bool))
         hidden = block_hidden(target, drafter, batch, ids.device, features)[0]  # [A, K, H]
         base = lm_head(hidden)  # [A, K, V]

@@ -245,3 +245,13 @@ def test_each_config_is_compared_with_its_twin_at_t1(tree_accept_bench):
     assert summary["conditional-16"]["over"] == "conditional-16-t1"
     assert summary["conditional-16"]["ratio"] == 1.2
     assert "ratio" not in summary["conditional-16-t1"]
+
+
+def test_an_answer_shorter_than_a_block_has_no_anchor(toy_pair, tree_accept_bench):
+    """The evaluation sets hold such answers (one of 100 on 2026-12-07): they count for
+    nothing rather than stop the bench."""
+    target, _, noisy, _ = toy_pair
+    config = {"c": DominoTreeConfig(budget=6)}
+    short = [5, 9, 2, 30, 7, 1]  # a prompt of 4 and an answer of 2 < K drafts
+    assert tree_accept_bench.response_accepts(target, noisy, config, short, 4) == {"c": []}
+    assert tree_accept_bench.greedy_rounds([]) == (0, 0)
