@@ -13,11 +13,12 @@ from vllm_dominotree.tree.scorers import ConditionalScorer, padded_rows
 
 def prepared_scorers(
     head, embed, *, requests, depth, budget, candidates, children, seed, prefix_len=1,
-    prepared=None, vocab_ids=None,
+    prepared=None, vocab_ids=None, temperature=1.0,
 ):  # fmt: skip
     """The torch and the Triton step's scorers for up to `requests` requests, prepared
     for `prepared` of them (default: all) from the same drafter outputs (depths below
-    prefix_len uncorrected: the marginals alone); vocab_ids: a draft vocabulary."""
+    prefix_len uncorrected: the marginals alone); vocab_ids: a draft vocabulary;
+    temperature: the scores' (1/T in the tables both steps read)."""
     gen = torch.Generator().manual_seed(seed)
     device, dtype = embed.device, embed.dtype
     n = requests if prepared is None else prepared
@@ -37,6 +38,7 @@ def prepared_scorers(
             prefix_len=prefix_len,
             kernels=kernels,
             vocab_ids=vocab_ids,
+            temperature=temperature,
         )
         scorer.prepare(hidden, base)
         scorers.append(scorer)
@@ -44,8 +46,9 @@ def prepared_scorers(
 
 
 def check_step_matches_torch(
-    hidden, gru, rank, vocab, candidates, requests, dtype, tolerance, device="cpu"
-):
+    hidden, gru, rank, vocab, candidates, requests, dtype, tolerance, device="cpu",
+    temperature=1.0,
+):  # fmt: skip
     """Three generations of nodes (the root's children, then a child's, then a
     grandchild's, each row on its own path and depth) through both steps, every
     candidate a child: the same states and log-probs up to the tolerance. In float32 the
@@ -62,9 +65,10 @@ def check_step_matches_torch(
     embed = torch.randn(vocab, hidden, generator=gen).to(dtype).to(device)
     torch_step, triton_step = prepared_scorers(
         head, embed, requests=requests, depth=4, budget=6, candidates=candidates,
-        children=candidates, seed=5,
+        children=candidates, seed=5, temperature=temperature,
     )  # fmt: skip
     assert triton_step.step == "triton" and torch_step.step == "torch"
+    assert triton_step.temperature == torch_step.temperature == temperature
     for scorer in (torch_step, triton_step):  # depth 0 is uncorrected: ties, in index order
         scorer.base[:, 0] = scorer.base[:, 0].round()
     req = torch.arange(requests, device=device)
