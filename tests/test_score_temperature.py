@@ -69,6 +69,9 @@ def test_the_drafters_file_gives_the_default_per_scorer(drafter_dir, tmp_path):
             translate(user, on_cpu=True)
         with pytest.raises(DrafterFormatError):
             read_temperatures(fitted)
+    # A folder that holds no drafter is the 'model' key's problem, as before.
+    with pytest.raises(DominoTreeConfigError, match="speculative config 'model'"):
+        translate({**user, "model": str(tmp_path / "missing")}, on_cpu=True)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "1.4"])

@@ -42,17 +42,14 @@ def translate(
             'speculative config: "method": "dominotree" needs "model": the path of a Domino '
             "or DFlash drafter checkpoint"
         )
+    chosen = {k: v for k, v in options.items() if k not in VLLM_KEYS}
     try:
         spec = read_spec(drafter)
-    except DrafterFormatError as err:
-        raise DominoTreeConfigError(f"speculative config 'draft_vocab': {err}") from err
-    chosen = {k: v for k, v in options.items() if k not in VLLM_KEYS}
-    if "score_temperature" not in chosen:
-        try:
+        if "score_temperature" not in chosen:  # the drafter's fitted one, else 1
             scorer = chosen.get("scorer", DominoTreeConfig.scorer)
             chosen["score_temperature"] = default_temperature(drafter, scorer)
-        except DrafterFormatError as err:
-            raise DominoTreeConfigError(f"speculative config 'model': {err}") from err
+    except DrafterFormatError as err:
+        raise DominoTreeConfigError(f"speculative config 'model': {err}") from err
     try:
         if on_cpu:
             chosen.setdefault("budget", CPU_BUDGET)
