@@ -390,6 +390,8 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
       fi
       echo "== arm SELF_WRITTEN=$self_written: $prompts prompts, $minutes minutes" |
         tee -a "$OUT/train_arms.log"
+      # The exported drafter's score temperatures, fitted on answers kept out of training.
+      HELDOUT=$(ls data/smollm2/heldout-*.jsonl.xz 2>/dev/null | head -1) \
       SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped EXPORT=$arm/export DTYPE=bfloat16 \
         MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$arm" "$minutes" 2>&1 |
         grep --line-buffered -v -i "it/s\]\|it/s, est\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"

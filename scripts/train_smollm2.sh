@@ -13,7 +13,9 @@
 #    Without one, INIT_FROM=DRAFTER_DIR starts the run from a released drafter (the
 #    shipped one: vllm_dominotree/drafters/smollm2-135m-instruct-domino) instead of anew.
 #    EXPORT=DIR also writes the drafter there in bfloat16, as it ships, with its draft
-#    vocabulary's ranking counted over WORK_DIR/data.jsonl (training/draft_vocab.py).
+#    vocabulary's ranking counted over WORK_DIR/data.jsonl (training/draft_vocab.py) and,
+#    given HELDOUT=ANSWERS.jsonl[.xz] (answers it did not train on), its score
+#    temperatures fitted there (training/calibrate.py).
 set -euo pipefail
 work=$1
 minutes=$2
@@ -29,3 +31,5 @@ python=${PYTHON:-python3}
   ${EXPORT:+--export "$EXPORT"}
 [ -z "${EXPORT:-}" ] || "$python" -m vllm_dominotree.training.draft_vocab --data "$work/data.jsonl" \
   --drafter "$EXPORT" --target "$work/target"
+[ -z "${EXPORT:-}" ] || [ -z "${HELDOUT:-}" ] || "$python" -m vllm_dominotree.training.calibrate \
+  --target "$work/target" --drafter "$EXPORT" --data "$HELDOUT" --write
