@@ -44,7 +44,7 @@ from vllm_dominotree.training.trainer import (
     load_sequences,
     target_features,
 )
-from vllm_dominotree.tree.builder import DraftTree, build_trees
+from vllm_dominotree.tree.builder import DraftTree, TreeShape, build_trees
 from vllm_dominotree.tree.scorers import make_scorer
 
 
@@ -85,19 +85,42 @@ def greedy_rounds(per_anchor: list[int]) -> tuple[int, int]:
     return tokens, rounds
 
 
+Builders = dict[str, tuple[TreeShape, object]]  # config name -> (tree shape, its scorer)
+
+
+def tree_builders(target, drafter: Drafter, configs: dict[str, DominoTreeConfig]) -> Builders:
+    """Each config's tree shape and scorer, made once and prepared for every chunk of
+    anchors. The shape is a tree's whole (a step's `step_leaves` share is not taken): the
+    trees of an engine serving one request at a time."""
+    builders = {}
+    for name, config in configs.items():
+        shape = config.tree_shape(drafter.spec.num_drafts)
+        scorer = make_scorer(
+            config.scorer,
+            drafter.head,
+            target.get_input_embeddings().weight,
+            shape=shape,
+            candidates=config.candidates,
+            prefix_len=drafter.spec.pure_draft_prefix_len,
+            max_requests=ANCHORS_PER_PASS,
+            temperature=config.score_temperature,
+        )
+        builders[name] = (shape, scorer)
+    return builders
+
+
 @torch.no_grad()
 def response_accepts(
-    target, drafter: Drafter, configs: dict[str, DominoTreeConfig], tokens, prompt_len
+    target, drafter: Drafter, builders: Builders, tokens, prompt_len
 ) -> dict[str, list[int]]:
     """Per config, each anchor's accepted drafts along one response."""
     s = drafter.spec
     k = s.num_drafts
     ids, length = torch.tensor([tokens]), torch.tensor([len(tokens)])
     features = target_features(target, s.target_layer_ids, ids, length)
-    embed = target.get_input_embeddings().weight
     lm_head = target.get_output_embeddings()
     first = first_anchor(prompt_len)
-    out: dict[str, list[int]] = {name: [] for name in configs}
+    out: dict[str, list[int]] = {name: [] for name in builders}
     positions = torch.arange(first, max(first, len(tokens) - k))  # none for short answers
     for chunk in positions.split(ANCHORS_PER_PASS) if len(positions) else ():
         batch = Batch(ids, length, chunk[None], torch.ones(1, len(chunk), dtype=torch.bool))
@@ -105,18 +128,7 @@ def response_accepts(
         base = lm_head(hidden)  # [A, K, V]
         anchors = [tokens[p] for p in chunk.tolist()]
         truths = [tokens[p + 1 : p + 1 + k] for p in chunk.tolist()]
-        for name, config in configs.items():
-            shape = config.tree_shape(k)
-            scorer = make_scorer(
-                config.scorer,
-                drafter.head,
-                embed,
-                shape=shape,
-                candidates=config.candidates,
-                prefix_len=s.pure_draft_prefix_len,
-                max_requests=len(anchors),
-                temperature=config.score_temperature,
-            )
+        for name, (shape, scorer) in builders.items():
             scorer.prepare(hidden[:, : shape.max_depth], base[:, : shape.max_depth])
             trees = build_trees(scorer, anchors, shape)
             out[name] += [accepted(t, truth) for t, truth in zip(trees, truths, strict=True)]
@@ -183,9 +195,10 @@ def main() -> None:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     drafter = Drafter.load(str(args.drafter))
     sequences = load_sequences(args.data)[: args.limit]
+    builders = tree_builders(target, drafter, configs)
     per_response = []
     for i, (tokens, prompt_len) in enumerate(sequences):
-        per_response.append(response_accepts(target, drafter, configs, tokens, prompt_len))
+        per_response.append(response_accepts(target, drafter, builders, tokens, prompt_len))
         print(f"response {i + 1}/{len(sequences)}", flush=True)
     summary = summarize(per_response, args.configs)
     for name, config in configs.items():

@@ -207,9 +207,9 @@ def test_offline_rounds_are_the_reference_decoders_rounds(toy_pair, tree_accept_
     config = DominoTreeConfig(budget=6, score_temperature=temperature)
     result = ReferenceDecoder(target, noisy, config).generate(prompt, 80)
     tokens = prompt + result.tokens
-    per_anchor = tree_accept_bench.response_accepts(
-        target, noisy, {"c": config}, tokens, len(prompt)
-    )["c"]
+    builders = tree_accept_bench.tree_builders(target, noisy, {"c": config})
+    accepts = tree_accept_bench.response_accepts(target, noisy, builders, tokens, len(prompt))
+    per_anchor = accepts["c"]
     # The rounds whose block lies wholly inside the answer (the bench's anchors: the
     # first at the prompt's last token; the first round's at the prefill's token).
     rounds, p = [], len(prompt)
@@ -254,7 +254,7 @@ def test_an_answer_shorter_than_a_block_has_no_anchor(toy_pair, tree_accept_benc
     """The evaluation sets hold such answers (one of 100 on 2026-12-07): they count for
     nothing rather than stop the bench."""
     target, _, noisy, _ = toy_pair
-    config = {"c": DominoTreeConfig(budget=6)}
+    builders = tree_accept_bench.tree_builders(target, noisy, {"c": DominoTreeConfig(budget=6)})
     short = [5, 9, 2, 30, 7, 1]  # a prompt of 4 and an answer of 2 < K drafts
-    assert tree_accept_bench.response_accepts(target, noisy, config, short, 4) == {"c": []}
+    assert tree_accept_bench.response_accepts(target, noisy, builders, short, 4) == {"c": []}
     assert tree_accept_bench.greedy_rounds([]) == (0, 0)
