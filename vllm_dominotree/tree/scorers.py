@@ -157,7 +157,8 @@ class MarginalScorer:
             raise ValueError(f"{n} requests in a step, scorer sized for {self.max_requests}")
         self.step_rows = padded_rows(n, self.max_requests)
         # log p = logit - log Z: the top-C of the logits themselves, so no float32 copy
-        # of the [R, K, V] logits is made (on CUDA the normalizer is one fused reduction).
+        # of the [R, K, V] logits is made (on CUDA the normalizer is one fused reduction);
+        # at a temperature other than 1, one copy in their dtype, divided by it.
         if self.temperature != 1.0:
             base_logits = base_logits / self.temperature
         values, tokens = base_logits.topk(self.max_children, -1)
