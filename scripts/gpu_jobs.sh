@@ -51,7 +51,9 @@
 #                     runs one arm, SEED=N distills other prompts than seed 0's; the
 #                     answers come back as $OUT/arm_S.jsonl.xz, the evaluation's as
 #                     $OUT/eval_NAME.jsonl.xz; DATA="data/smollm2/answers-*.jsonl.xz" trains
-#                     on answers distilled earlier instead of distilling PROMPTS anew
+#                     on answers distilled earlier instead of distilling PROMPTS anew;
+#                     an arm S:L deepens the drafter to L layers (ARMS="0.75 0.75:2":
+#                     one layer against two, equal minutes on the same answers)
 #   harness [ARGS]    benchmarks/harness.py on the SmolLM2 pair (the latest drafter)
 #                     -> $OUT/harness/
 #   data              the distilled data, xz-packed, as $OUT/data.jsonl.xz.* pieces (keep
@@ -375,8 +377,11 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
     smollm2_target
     shipped=vllm_dominotree/drafters/smollm2-135m-instruct-domino
     arms=(${ARMS:-0.75 0})
-    for self_written in "${arms[@]}"; do
-      arm=/tmp/arm_$self_written
+    for entry in "${arms[@]}"; do
+      # An arm is SELF_WRITTEN or SELF_WRITTEN:LAYERS (the drafter deepened to LAYERS).
+      self_written=${entry%%:*}
+      layers=$([ "$entry" = "$self_written" ] || echo "${entry#*:}")
+      arm=/tmp/arm_${entry/:/_L}
       # An arm trained on this machine is not trained again: a call cut during the
       # evaluation runs the job again for it (one call: about 9 minutes at 1 minute
       # and 3000 prompts an arm on the H200, 2026-12-05).
@@ -388,14 +393,15 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
         # shellcheck disable=SC2086  # DATA is a list of files (a glob)
         xz -dc $DATA > "$arm/data.jsonl"
       fi
-      echo "== arm SELF_WRITTEN=$self_written: $prompts prompts, $minutes minutes" |
+      echo "== arm SELF_WRITTEN=$self_written ${layers:+LAYERS=$layers}: $prompts prompts, $minutes minutes" |
         tee -a "$OUT/train_arms.log"
       # The exported drafter's score temperatures, fitted on answers kept out of training.
       HELDOUT=$(ls data/smollm2/heldout-*.jsonl.xz 2>/dev/null | head -1) \
-      SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped EXPORT=$arm/export DTYPE=bfloat16 \
+      DRAFT_LAYERS=$layers SELF_WRITTEN=$self_written PROMPTS=$prompts INIT_FROM=$shipped \
+        EXPORT=$arm/export DTYPE=bfloat16 \
         MAX_NUM_SEQS=1024 bash scripts/train_smollm2.sh "$arm" "$minutes" 2>&1 |
         grep --line-buffered -v -i "it/s\]\|it/s, est\|Loading weights\| WARNING " | tee -a "$OUT/train_arms.log"
-      xz -T0 -c "$arm/data.jsonl" > "$OUT/arm_$self_written.jsonl.xz"
+      [ -n "${DATA:-}" ] || xz -T0 -c "$arm/data.jsonl" > "$OUT/arm_$self_written.jsonl.xz"
     done
     # Beside the evaluation sets, answers carried in .evaldata/NAME.jsonl (for example
     # to held-out self-written prompts), each its own figures.
@@ -405,7 +411,7 @@ $e::test_chain_on_the_v2_runner_equals_no_speculation[16]"
     kept=data/smollm2/eval-sets-25.jsonl.xz
     [ -f "$work/eval25.jsonl" ] || [ ! -f "$kept" ] || xz -dc "$kept" > "$work/eval25.jsonl"
     drafters=("$shipped")
-    for self_written in "${arms[@]}"; do drafters+=("/tmp/arm_$self_written/run/drafter"); done
+    for entry in "${arms[@]}"; do drafters+=("/tmp/arm_${entry/:/_L}/run/drafter"); done
     data=("sets=$work/eval25.jsonl")
     for f in .evaldata/*.jsonl; do [ -f "$f" ] && data+=("$(basename "$f" .jsonl)=$f"); done
     for entry in "${data[@]}"; do

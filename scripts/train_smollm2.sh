@@ -11,7 +11,8 @@
 # 3. WORK_DIR/run: one training chunk of MINUTES, resumed from WORK_DIR/run if it holds
 #    one (copy a chunk's run/ back there after a machine restart). Every file <= 16 MiB.
 #    Without one, INIT_FROM=DRAFTER_DIR starts the run from a released drafter (the
-#    shipped one: vllm_dominotree/drafters/smollm2-135m-instruct-domino) instead of anew.
+#    shipped one: vllm_dominotree/drafters/smollm2-135m-instruct-domino) instead of anew;
+#    DRAFT_LAYERS=N (more than its layers) deepens it, the new layers starting as no-ops.
 #    EXPORT=DIR also writes the drafter there in bfloat16, as it ships, with its draft
 #    vocabulary's ranking counted over WORK_DIR/data.jsonl (training/draft_vocab.py) and,
 #    given HELDOUT=ANSWERS.jsonl[.xz] (answers it did not train on), its score
@@ -28,7 +29,7 @@ python=${PYTHON:-python3}
   --max-num-seqs "${MAX_NUM_SEQS:-256}" --dtype "${DTYPE:-auto}"
 "$python" -m vllm_dominotree.training --target "$work/target" --data "$work/data.jsonl" \
   --out "$work/run" --minutes "$minutes" ${INIT_FROM:+--init-from "$INIT_FROM"} \
-  ${EXPORT:+--export "$EXPORT"}
+  ${DRAFT_LAYERS:+--draft-layers "$DRAFT_LAYERS"} ${EXPORT:+--export "$EXPORT"}
 [ -z "${EXPORT:-}" ] || "$python" -m vllm_dominotree.training.draft_vocab --data "$work/data.jsonl" \
   --drafter "$EXPORT" --target "$work/target"
 [ -z "${EXPORT:-}" ] || [ -z "${HELDOUT:-}" ] || "$python" -m vllm_dominotree.training.calibrate \

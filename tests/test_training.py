@@ -20,7 +20,7 @@ from vllm_dominotree.training.evaluate import (
     over,
     sequence_runs,
 )
-from vllm_dominotree.training.trainer import Trainer, load_sequences, make_batch
+from vllm_dominotree.training.trainer import Trainer, block_logits, load_sequences, make_batch
 
 OPTIONS = dict(
     block_size=6, layers=1, target_layers=2, gru=32, emb=32, lr=3e-3, seed=0, device="cpu", warmup=5
@@ -110,6 +110,40 @@ def test_a_new_run_starts_from_a_released_drafter(attentive_target, tmp_path):
     (shipped / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="a drafter for another target"):
         Trainer(target_dir, tmp_path / "refused", **OPTIONS, init_from=shipped)
+
+
+def test_a_run_deepens_a_released_drafter(attentive_target, tmp_path):
+    """--draft-layers above the released drafter's: the new layer starts silent, so the
+    deeper drafter's blocks are the drafter's own; it trains, and its export loads and
+    drafts at that depth. Fewer layers than the drafter's are refused."""
+    target_dir = attentive_target.name_or_path
+    data = self_distilled(attentive_target, tmp_path / "data.jsonl", count=6, length=24)
+    first = Trainer(target_dir, tmp_path / "first", **OPTIONS)
+    first.train(data, minutes=5, batch_size=2, anchors=4, max_steps=10)
+    shipped = first.export(tmp_path / "shipped")
+
+    same = Trainer(target_dir, tmp_path / "same", **OPTIONS | {"layers": None}, init_from=shipped)
+    deep = Trainer(target_dir, tmp_path / "deep", **OPTIONS | {"layers": 3}, init_from=shipped)
+    assert (same.spec.num_layers, deep.spec.num_layers) == (1, 3)
+    batch = make_batch(data, deep.spec.num_drafts, 5, 1024, random.Random(1))
+    with torch.no_grad():
+        before = block_logits(same.target, same.drafter, batch, same.device)
+        after = block_logits(deep.target, deep.drafter, batch, deep.device)
+    assert torch.equal(before.base, after.base) and torch.equal(before.corrected, after.corrected)
+
+    start = {n: t.clone() for n, t in deep._tensors(torch.float32).items()}
+    deep.train(data, minutes=5, batch_size=2, anchors=4, max_steps=3)
+    trained = deep._tensors(torch.float32)
+    for i in (1, 2):  # every new layer learns, its silent projections first
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "self_attn.q_proj.weight"):
+            assert not torch.equal(trained[f"layers.{i}.{name}"], start[f"layers.{i}.{name}"])
+    exported = deep.export(tmp_path / "deep_export")
+    config = json.loads((exported / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3 and len(config["layer_types"]) == 3
+    assert read_spec(exported).num_layers == 3 and mean_accept(attentive_target, exported) >= 1
+
+    with pytest.raises(ValueError, match="add layers to it, not drop them"):
+        Trainer(target_dir, tmp_path / "shallower", **OPTIONS | {"layers": 2}, init_from=exported)
 
 
 def anchor_loss(trainer: Trainer, tokens: list[int], p: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,8 @@ every file <= 16 MiB, so a chunk may end anywhere and the next one (on a fresh m
 picks up there. `--export DIR` writes the drafter in bfloat16 for shipping.
 `--init-from DIR` starts a new run from a released Domino drafter's weights instead of
 a fresh one (its architecture, Adam's moments from zero, the warm-up again): a machine
-that has lost the run's state continues from the shipped drafter.
+that has lost the run's state continues from the shipped drafter; with `--draft-layers`
+above its own it continues deeper (the new layers start as no-ops).
 
 The objective (per anchor position p in a response, K = block_size drafts with
 shift_label): block [x_p, MASK...] over the target's context features of x_0..x_{p-1};
@@ -118,9 +119,12 @@ def initial_tensors(config: dict, target, generator: torch.Generator) -> dict[st
     return tensors
 
 
-def released_start(drafter_dir: Path, target_config) -> tuple[dict, dict[str, torch.Tensor]]:
+def released_start(
+    drafter_dir: Path, target_config, layers: int | None = None
+) -> tuple[dict, dict[str, torch.Tensor]]:
     """A released Domino drafter's config and float32 tensors, as a new run's start; it
-    must be a drafter of this target (hidden size, vocabulary, layer count)."""
+    must be a drafter of this target (hidden size, vocabulary, layer count). `layers`
+    above the drafter's own grows it (`grown`); None keeps its depth."""
     spec = read_spec(drafter_dir)
     if not spec.is_domino:
         raise ValueError(
@@ -137,7 +141,41 @@ def released_start(drafter_dir: Path, target_config) -> tuple[dict, dict[str, to
         )
     config = json.loads((Path(drafter_dir) / "config.json").read_text())
     config["torch_dtype"] = "float32"
-    return config, {n: t.float() for n, t in load_tensors(spec).items()}
+    tensors = {n: t.float() for n, t in load_tensors(spec).items()}
+    if layers is None or layers == spec.num_layers:
+        return config, tensors
+    if layers < spec.num_layers:
+        raise ValueError(
+            f"--draft-layers {layers} with --init-from {drafter_dir}: that drafter has "
+            f"{spec.num_layers} layers; a run can add layers to it, not drop them (leave "
+            "--draft-layers out to keep its depth)"
+        )
+    return grown(config, tensors, layers)
+
+
+def grown(
+    config: dict, tensors: dict[str, torch.Tensor], layers: int
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The drafter deepened to `layers`, computing exactly what it computed before: each
+    new layer is a copy of its last one whose two residual branches write nothing (o_proj
+    and down_proj zero), so training starts from the drafter's accuracy and the new
+    layers learn what they add (the zeroed projections get gradients at once, the rest
+    from the first step on)."""
+    last = config["num_hidden_layers"] - 1
+    source = f"layers.{last}."
+    tensors = dict(tensors)
+    for i in range(last + 1, layers):
+        for name, tensor in list(tensors.items()):
+            if name.startswith(source):
+                tensors[f"layers.{i}." + name[len(source) :]] = tensor.clone()
+        for silent in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            tensors[f"layers.{i}.{silent}"].zero_()
+    config = dict(config, num_hidden_layers=layers)
+    if "layer_types" in config:
+        config["layer_types"] = list(config["layer_types"]) + [config["layer_types"][-1]] * (
+            layers - 1 - last
+        )
+    return config, tensors
 
 
 def load_sequences(path: Path) -> list[tuple[list[int], int]]:
@@ -285,7 +323,7 @@ class Trainer:
         out: Path,
         *,
         block_size: int,
-        layers: int,
+        layers: int | None,
         target_layers: int,
         gru: int,
         emb: int,
@@ -297,7 +335,8 @@ class Trainer:
         init_from: Path | None = None,
     ):
         """init_from: a released drafter a new run starts from (its architecture wins over
-        block_size, layers, target_layers, gru and emb); ignored when `out` holds a run."""
+        block_size, target_layers, gru and emb; `layers` above its own deepens it, None
+        keeps it); ignored when `out` holds a run. A fresh run has `layers` (None: 1)."""
         self.device = torch.device(device)
         self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         self.target.to(self.device).eval().requires_grad_(False)
@@ -308,13 +347,13 @@ class Trainer:
         if not (state_dir / "progress.json").is_file():
             cfg = self.target.config
             if init_from is not None:
-                config, tensors = released_start(init_from, cfg)
+                config, tensors = released_start(init_from, cfg, layers)
             else:
                 mask = cfg.vocab_size - 1 if cfg.eos_token_id is None else _first(cfg.eos_token_id)
                 config = drafter_config(
                     cfg,
                     block_size=block_size,
-                    layers=layers,
+                    layers=layers or 1,
                     target_layers=target_layers,
                     gru=gru,
                     emb=emb,
@@ -464,7 +503,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--draft-layers", type=int, default=1)
+    parser.add_argument(
+        "--draft-layers",
+        type=int,
+        help="drafter layers (default 1); with --init-from, the released drafter's, and "
+        "more than its own deepen it (new layers start silent: the same drafts at step 0)",
+    )
     parser.add_argument("--target-layers", type=int, default=4)
     parser.add_argument("--gru", type=int, default=256)
     parser.add_argument("--emb", type=int, default=48)
