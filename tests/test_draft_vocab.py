@@ -221,3 +221,38 @@ def test_an_engine_refuses_a_draft_vocabulary_over_a_quantized_lm_head():
     with pytest.raises(DominoTreeConfigError, match="quantized; set draft_vocab 0"):
         DominoDraftForCausalLM.use_draft_vocab(packed, torch.arange(4), 8)
     # (A plain lm_head: tests/engine/test_smollm2_engine.py, in a real engine.)
+
+
+def test_an_engines_draft_logits_take_vllms_cpu_gemm(monkeypatch):
+    """On CPU the draft vocabulary's product runs by vLLM's own GEMM dispatch (oneDNN
+    here: 7x torch's F.linear at decode sizes, drafter_model._product_by), and gives the
+    lm_head's rows' logits, soft cap and scale applied as vLLM applies them."""
+    from types import SimpleNamespace
+
+    import vllm.model_executor.layers.utils as vllm_utils
+
+    from vllm_dominotree.engine import drafter_model
+
+    dispatched, dispatch = [], vllm_utils.dispatch_cpu_unquantized_gemm
+
+    def recording_dispatch(layer, remove_weight):
+        dispatched.append(tuple(layer.weight.shape))
+        return dispatch(layer, remove_weight)
+
+    monkeypatch.setattr(vllm_utils, "dispatch_cpu_unquantized_gemm", recording_dispatch)
+    monkeypatch.setattr(drafter_model, "_whole_vocab", lambda table, vocab: table[:vocab])
+    weight = torch.randn(300, 64, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([5, 0, 299, 17, 42])
+    for soft_cap, scale in ((None, 1.0), (30.0, 0.5)):
+        model = SimpleNamespace(
+            lm_head=SimpleNamespace(weight=weight),
+            logits_processor=SimpleNamespace(soft_cap=soft_cap, scale=scale),
+        )
+        drafter_model.DominoDraftForCausalLM.use_draft_vocab(model, ids, 300)
+        rows = torch.randn(12, 64)
+        logits = drafter_model.DominoDraftForCausalLM.draft_logits(model, rows)
+        expected = rows @ weight[ids].T
+        if soft_cap is not None:
+            expected = torch.tanh(expected / soft_cap) * soft_cap
+        torch.testing.assert_close(logits, expected * scale, rtol=1e-5, atol=1e-4)
+    assert dispatched == [(5, 64), (5, 64)]

@@ -10,7 +10,7 @@ model's device and dtype, and hands the rest to vLLM. The Domino head's math liv
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
@@ -29,8 +29,10 @@ class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
         self.domino_tensors: dict[str, torch.Tensor] = {}
         self._dtype = vllm_config.model_config.dtype
         # The lm_head's rows of the draft vocabulary [S, H] (drafter/draft_vocab.py), or
-        # None for logits over the whole vocabulary (vLLM's own compute_logits).
+        # None for logits over the whole vocabulary (vLLM's own compute_logits), and its
+        # product: rows [N, H] -> [N, S].
         self.draft_head: torch.Tensor | None = None
+        self._draft_product: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         device = self.lm_head.weight.device
@@ -62,19 +64,37 @@ class DominoDraftForCausalLM(DFlashQwen3ForCausalLM):
             )
         head = _whole_vocab(weight, vocab)
         self.draft_head = head[vocab_ids.to(head.device)].contiguous()
+        self._draft_product = _product_by(self.draft_head)
 
     def draft_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The drafter's marginal logits: [N, H] -> [N, V], or [N, S] over the draft
         vocabulary, with the target's logit soft cap and scale as vLLM applies them."""
         if self.draft_head is None:
             return self.compute_logits(rows)
-        logits = torch.nn.functional.linear(rows.to(self.draft_head.dtype), self.draft_head)
+        logits = self._draft_product(rows.to(self.draft_head.dtype))
         processor = self.logits_processor
         if processor.soft_cap is not None:
             logits = torch.tanh(logits / processor.soft_cap) * processor.soft_cap
         if processor.scale != 1.0:
             logits = logits * processor.scale
         return logits
+
+
+def _product_by(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [N, H] -> x @ weight.T [N, S], by the GEMM vLLM's own linear layers use on this
+    platform. On CPU that is vLLM's dispatch (oneDNN or SGL's kernel, the weight prepacked
+    once): for the shipped SmolLM2 drafter's 8192-token draft vocabulary (576 wide,
+    float32) it took 0.17 ms over a budget-4 step's 4 rows where torch's F.linear took 1.2
+    ms, 0.29 against 1.66 over 12 (a 2-core AMD EPYC, 2026-12-07). On GPUs F.linear is
+    cuBLAS, as vLLM's."""
+    if weight.device.type != "cpu":
+        return lambda x: torch.nn.functional.linear(x, weight)
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    layer = torch.nn.Module()  # dispatch sets layer.cpu_linear from layer.weight
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    return lambda x: layer.cpu_linear(x, weight, None)
 
 
 def _whole_vocab(table: torch.Tensor, vocab: int) -> torch.Tensor:
