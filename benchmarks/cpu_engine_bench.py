@@ -39,6 +39,8 @@ METHODS = {
     "marginal": {"scorer": "marginal"},
     "conditional": {"scorer": "conditional"},
     **{f"conditional-b{b}": {"scorer": "conditional", "budget": b} for b in (2, 8, 16, 32)},
+    # A step's trees share N nodes (config step_nodes), 0: no limit.
+    **{f"conditional-n{n}": {"scorer": "conditional", "step_nodes": n} for n in (0, 4, 6, 8)},
 }
 DEFAULT_METHODS = ["no-spec", "chain", "marginal", "conditional", "conditional-b32"]
 STAGES = ("verify", "draft", "build", "accept", "step")

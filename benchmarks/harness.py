@@ -70,6 +70,7 @@ OPTION_SUFFIXES = {
     "m": "candidates",
     "l": "max_leaves",
     "s": "step_leaves",
+    "n": "step_nodes",
     "t": "score_temperature",
 }
 
@@ -78,7 +79,7 @@ def method_spec(method: str) -> dict | None:
     """METHODS[method], with the options of its suffixes (`conditional-4-m16-v8192`; a
     KeyError for a name that is not a method, or suffixes on one that is not DominoTree)."""
     base, options = method, {}
-    while match := re.fullmatch(r"(.+)-([vmlst])(\d+(?:\.\d+)?)", base):
+    while match := re.fullmatch(r"(.+)-([vmlsnt])(\d+(?:\.\d+)?)", base):
         if match[2] != "t" and "." in match[3]:  # only temperatures have decimals
             raise KeyError(method)
         value = float(match[3]) if match[2] == "t" else int(match[3])
@@ -99,8 +100,8 @@ def known_method(method: str) -> str:
         raise argparse.ArgumentTypeError(
             f"unknown method {method!r}: one of {sorted(METHODS)}, a DominoTree one "
             "optionally with -mM (M candidates), -vS (draft vocabulary of S tokens), -lL "
-            "(at most L leaves), -sN (N leaves over a step's trees) and -tT (trees scored at "
-            "temperature T)"
+            "(at most L leaves), -sN (N leaves over a step's trees), -nN (N nodes over a "
+            "step's trees) and -tT (trees scored at temperature T)"
         ) from None
     return method
 

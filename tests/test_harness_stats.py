@@ -104,7 +104,7 @@ def test_two_runs_compare_prompt_by_prompt_and_must_measure_the_same_prompts(
         compare_runs.main()
 
 
-def test_a_method_may_name_a_draft_vocabulary_candidates_leaves_and_temperature():
+def test_a_method_may_name_a_draft_vocabulary_candidates_leaves_nodes_and_temperature():
     assert harness.method_spec("conditional-4-v8192") == {
         **harness.METHODS["conditional-4"],
         "draft_vocab": 8192,
@@ -122,6 +122,10 @@ def test_a_method_may_name_a_draft_vocabulary_candidates_leaves_and_temperature(
         **harness.METHODS["conditional-16"],
         "step_leaves": 0,
     }
+    assert harness.method_spec("conditional-4-n8") == {
+        **harness.METHODS["conditional-4"],
+        "step_nodes": 8,
+    }
     assert harness.method_spec("conditional-16-t1.4-v8192") == {
         **harness.METHODS["conditional-16"],
         "score_temperature": 1.4,
@@ -130,6 +134,7 @@ def test_a_method_may_name_a_draft_vocabulary_candidates_leaves_and_temperature(
     assert harness.method_spec("marginal-t1")["score_temperature"] == 1.0
     assert harness.known_method("conditional-16-v0") == "conditional-16-v0"
     for name in ("no-spec-v8192", "ngram-m16", "conditional-4-x16", "ngram-l2", "ngram-s0",
-                 "ngram-t1.4", "conditional-4-v81.5"):  # fmt: skip
+                 "ngram-t1.4", "ngram-n8", "conditional-4-v81.5",
+                 "conditional-4-n1.5"):  # fmt: skip
         with pytest.raises(harness.argparse.ArgumentTypeError, match="unknown method"):
             harness.known_method(name)

@@ -300,6 +300,40 @@ def test_step_leaves_are_shared_over_the_padded_rows():
     assert unlimited.for_rows(64) is unlimited
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kind", ["conditional", "marginal"])
+def test_step_nodes_give_a_batchs_trees_the_first_nodes_of_their_own(head, seed, kind):
+    """A step of p padded rows gives each tree max(1, step_nodes // p) nodes within the
+    budget, and a tree of fewer nodes is the first nodes of the whole budget's tree (the
+    prefix a verification of fewer rows reads), with step_leaves' share applied to both;
+    the device builder refuses such trees (it grows whole budgets)."""
+    shape = TreeShape(6, max_depth=K, max_children=6, step_leaves=8, step_nodes=16)
+    budgets = {rows: shape.for_rows(rows).budget for rows in (1, 2, 4, 8, 16)}
+    assert budgets == {1: 6, 2: 6, 4: 4, 8: 2, 16: 1}
+    leaves = {rows: shape.for_rows(rows).max_leaves for rows in (2, 4, 8, 16)}
+    assert leaves == {2: 4, 4: 2, 8: 1, 16: 0}  # 16: one node is one leaf anyway
+    whole = TreeShape(6, max_depth=K, max_children=6, step_leaves=8)
+    hidden, base, embed, anchors = random_step(head, 4, seed)
+    scorer = scorer_of(kind, head, embed, whole, requests=4)
+    scorer.prepare(hidden, base)
+    for rows in (2, 4, 8, 16):
+        full = build_trees(scorer, anchors, whole.for_rows(rows))  # the same leaves' share
+        smaller = build_trees(scorer, anchors, shape.for_rows(rows))
+        for small, big in zip(smaller, full, strict=True):
+            n = small.num_nodes
+            assert n == min(budgets[rows] + 1, big.num_nodes)  # (one leaf stops at depth K)
+            assert (small.tokens, small.parents, small.scores) == (
+                big.tokens[:n],
+                big.parents[:n],
+                big.scores[:n],
+            )
+    builder = DeviceTreeBuilder(
+        scorer, shape, chain=False, device=torch.device("cpu"), max_requests=4
+    )
+    with pytest.raises(ValueError, match="step_nodes: this builder grows every tree"):
+        builder.launch(torch.tensor(anchors))
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("kind", ["conditional", "marginal"])
 def test_device_builder_equals_host_heap(head, seed, kind):

@@ -20,6 +20,13 @@ MODEL_RUNNERS = ("v1", "v2")
 # step of SmolLM2-135M on 2 cores, and budgets 2-4 were the only ones near parity
 # (benchmarks/results/smollm2_cpu_budgets.md).
 CPU_BUDGET = 4
+# The nodes a step's trees share when the user sets none: on CPU (the tree runner) the
+# budget, so a lone request's tree keeps it and a step of p padded rows gives each tree
+# budget // p (at least one): a batch verifies about as many rows as one request does.
+# With three requests in one batch, the shipped SmolLM2 pair at budget 4 ran at 0.89x /
+# 0.95x of plain decoding with one node a tree, 0.85x / 0.93x with two and 0.79x / 0.81x
+# with four, one request at a time unchanged (float32, two runs, this CPU:
+# benchmarks/results/cpu_2026-12-08_step_nodes/). CUDA: none (speculative.py refuses it).
 # The draft vocabulary when the user sets none and the drafter ships a token ranking
 # (drafter/draft_vocab.py), per device. CPU: with SmolLM2's shipped pair at budget 4 in
 # bfloat16, 8192 tokens cut the build stage from 7.0 to 3.8 ms a step and kept the accept
@@ -180,6 +187,12 @@ class DominoTreeConfig:
     # budget 16 and give batch 16 four leaves a tree (SmolLM2's drafter: accept 1.70
     # against 1.79 at budget 16 on the CPU).
     step_leaves: int = 64
+    # Nodes all the trees of a step may have together, shared evenly over its padded
+    # rows: each tree at most max(1, step_nodes // rows) nodes, within the budget; 0 = no
+    # limit. The trees of a larger batch then verify fewer rows: on a CPU the target's
+    # GEMMs are compute-bound at a few rows, so a batch's extra rows cost what a lone
+    # request's do not. CPU and model_runner 'v1' only (speculative.py says why).
+    step_nodes: int = 0
     # Grow the greedy path to full depth before branching, so that the tree always
     # contains the chain (see tree/builder.py). Costs depth's worth of budget.
     spine: bool = False
@@ -221,6 +234,7 @@ class DominoTreeConfig:
             "draft_vocab": "the whole vocabulary",
             "max_leaves": "no limit",
             "step_leaves": "no limit",
+            "step_nodes": "no limit",
             "graph_requests": "vLLM's capture sizes",
         }
         for name, zero in zeros.items():
@@ -278,7 +292,9 @@ class DominoTreeConfig:
         budget of 15 on CUDA verifies the 16 rows vLLM's DFlash does."""
         if self.scorer == "chain":
             length = min(num_drafts, self.budget)
-            return TreeShape(budget=length, max_depth=length, max_children=1)
+            return TreeShape(
+                budget=length, max_depth=length, max_children=1, step_nodes=self.step_nodes
+            )
         return TreeShape(
             budget=self.budget,
             max_depth=min(num_drafts, self.budget),
@@ -286,4 +302,5 @@ class DominoTreeConfig:
             spine=self.spine,
             max_leaves=self.max_leaves,
             step_leaves=self.step_leaves,
+            step_nodes=self.step_nodes,
         )

@@ -53,6 +53,9 @@ def translate(
     try:
         if on_cpu:
             chosen.setdefault("budget", CPU_BUDGET)
+            if chosen.get("model_runner", DominoTreeConfig.model_runner) == "v1":
+                # A step's trees share one request's budget (config.CPU_STEP_NODES).
+                chosen.setdefault("step_nodes", chosen["budget"])
             if "draft_vocab" not in chosen:
                 chosen["draft_vocab"] = default_size(drafter, CPU_DRAFT_VOCAB, spec.vocab_size)
         elif chosen.get("scorer") == "chain":
@@ -77,6 +80,14 @@ def translate(
                 "vLLM's V2 runner prepares each step with Triton kernels, and this "
                 "environment's Triton has no CPU backend; use model_runner 'v1' (the default)"
             )
+    if config.step_nodes and (not on_cpu or config.model_runner == "v2"):
+        raise DominoTreeConfigError(
+            f"step_nodes {config.step_nodes} applies to the CPU engine's tree runner "
+            "(model_runner 'v1') only: a step's trees verify fewer rows because fewer "
+            "drafts are proposed, which vLLM schedules as proposed only under the CPU's "
+            "synchronous scheduling; on CUDA and on the V2 runner every request verifies "
+            "its whole budget. Set step_nodes 0 there (or a smaller budget)"
+        )
     shape = config.tree_shape(spec.num_drafts)
     # The drafter's query block (anchor + masks, block_size slots) is written into the
     # slots vLLM reserves for drafting: num_speculative_tokens + 1 of them.

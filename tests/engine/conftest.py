@@ -85,9 +85,16 @@ def shutdown(llm) -> None:
 
 
 def dominotree(pair_dirs, **options):
-    """The tests' trees are 16 nodes unless they say otherwise (the CPU's default budget
-    is smaller, config.CPU_BUDGET; configs written out in full get it)."""
-    return {"method": "dominotree", "model": pair_dirs["drafter"], "budget": 16, **options}
+    """The tests' trees are 16 nodes whatever the batch unless they say otherwise (the
+    CPU's default budget is smaller and shared over a step's rows, config.CPU_BUDGET and
+    CPU_STEP_NODES; configs written out in full get them)."""
+    return {
+        "method": "dominotree",
+        "model": pair_dirs["drafter"],
+        "budget": 16,
+        "step_nodes": 0,
+        **options,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,7 @@ from .conftest import PROMPTS, dominotree, greedy, make_llm
         ({"spine": "yes"}, "spine must be true or false"),
         ({"max_leaves": -1}, "max_leaves must be 0 (no limit) or a positive integer, got -1"),
         ({"step_leaves": 2.5}, "step_leaves must be 0 (no limit) or a positive integer, got 2.5"),
+        ({"step_nodes": -4}, "step_nodes must be 0 (no limit) or a positive integer, got -4"),
         ({"model_runner": "v3"}, "model_runner 'v3' is unknown"),
         (
             {"graph_requests": -8},
@@ -63,6 +64,28 @@ def test_a_budget_below_the_block_is_cpu_only(pair_dirs, monkeypatch):
     # ... on the tree runner: V2 would verify the block's slots past the budget.
     with pytest.raises(DominoTreeConfigError, match="only model_runner 'v1' supports"):
         translate(config | {"model_runner": "v2"}, on_cpu=True)
+
+
+def test_step_nodes_are_the_cpu_tree_runners(pair_dirs, monkeypatch):
+    """A step's share of nodes verifies fewer rows only where vLLM schedules the drafts
+    as proposed (CPU, V1: test_generate.py); elsewhere it is refused at startup."""
+    import vllm.triton_utils
+
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)  # as under triton-cpu
+    config = dominotree(pair_dirs, step_nodes=8)
+    assert translate(config, on_cpu=True)[1]["step_nodes"] == 8
+    # Unset: a CPU tree runner's step shares one request's budget; elsewhere none.
+    written_out = {"method": "dominotree", "model": pair_dirs["drafter"]}
+    assert translate(written_out, on_cpu=True)[1]["step_nodes"] == CPU_BUDGET
+    assert translate(written_out | {"budget": 6}, on_cpu=True)[1]["step_nodes"] == 6
+    assert (
+        translate(written_out | {"model_runner": "v2", "budget": 7}, on_cpu=True)[1]["step_nodes"]
+        == 0
+    )
+    assert translate(written_out, on_cpu=False)[1]["step_nodes"] == 0
+    for on_cpu, runner in ((False, "v1"), (False, "v2"), (True, "v2")):
+        with pytest.raises(DominoTreeConfigError, match="step_nodes 8 applies to the CPU"):
+            translate(config | {"model_runner": runner}, on_cpu=on_cpu)
 
 
 def test_the_v2_runner_on_cpu_needs_a_triton_cpu_backend(pair_dirs):

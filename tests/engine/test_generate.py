@@ -157,6 +157,31 @@ def test_step_leaves_of_one_make_every_tree_a_path(pair_dirs, expected):
     assert stats["tree_leaves"] == stats["trees"], stats
 
 
+def test_step_nodes_verify_fewer_rows_in_larger_batches(pair_dirs, expected):
+    """`step_nodes`: a step's trees share that many nodes (at least one each), so the
+    eight prompts' steps (8 padded rows) get trees of one node, and as requests finish,
+    steps of fewer rows get more (4 rows: 2 nodes, 2 rows: 4, the budget); vLLM then
+    schedules that many drafts, so the rows verified fall with the batch; the output is
+    the target's own."""
+    llm = make_llm(pair_dirs, dominotree(pair_dirs, budget=4, step_nodes=8))
+    try:
+        assert greedy(llm) == expected
+        metrics = spec_metrics(llm)
+        stats = tree_stats(llm)
+        # Alone, a request's tree has the whole budget of 4.
+        greedy(llm, prompts=PROMPTS[:1])
+        alone = tree_stats(llm)
+    finally:
+        shutdown(llm)
+    assert stats["step_nodes"] == 8 and stats["budget"] == 4, stats
+    assert stats["trees"] > 0 and stats["mean_accept_length"] > 1.2, stats
+    # Fewer nodes than budgets on the whole, and a verification of each node, no more.
+    assert stats["trees"] <= stats["tree_nodes"] < 4 * stats["trees"], stats
+    assert metrics["vllm:spec_decode_num_draft_tokens"] == stats["tree_nodes"], metrics
+    trees, nodes = alone["trees"] - stats["trees"], alone["tree_nodes"] - stats["tree_nodes"]
+    assert trees > 0 and nodes == 4 * trees, (stats, alone)
+
+
 def test_the_engine_runs_on_the_openmp_runtime_the_entry_points_preload(
     pair_dirs, expected, monkeypatch
 ):

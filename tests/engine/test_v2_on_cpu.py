@@ -60,6 +60,7 @@ def test_the_v2_runner_drafts_and_accepts_as_the_tree_runner(pair_dirs, plain, s
     time in each is counted), and tracing changes nothing."""
     config = {"method": "dominotree", "model": pair_dirs["drafter"], "scorer": scorer, "budget": 16}
     config["score_temperature"] = 1.5  # both runners' scorers take it (the same trees)
+    config["step_nodes"] = 0  # V1's CPU default shares nodes over a step; V2 verifies all
     target = pair_dirs["target"]
     v1 = run_engine("v1", target, speculative_config=config)
     v2 = run_engine("v2", target, speculative_config={**config, "model_runner": "v2"}, trace=True)

@@ -174,9 +174,10 @@ class DominoTreeProposer(DFlashProposer):
         num_rejected_tokens_gpu: torch.Tensor | None = None,
         slot_mappings=None,
     ) -> torch.Tensor:
-        """[R, budget] each tree's drafted tokens in topological order, slots without a
-        node as token 0 (the verification step knows them from the table and never
-        accepts them)."""
+        """[R, b] each tree's drafted tokens in topological order, slots without a node
+        as token 0 (the verification step knows them from the table and never accepts
+        them); b the budget, or the step's share of step_nodes, vLLM then schedules b
+        drafts a request (CPU: synchronous scheduling)."""
         times = self.times
         times.mark(times.DRAFT)
         with self.clock.stage("draft"):
@@ -200,7 +201,8 @@ class DominoTreeProposer(DFlashProposer):
             self._build(next_token_ids)
         self.times.close()
         # A new tensor: vLLM keeps it (and may copy it to the host) past the next build.
-        return self.builder.table[TOKEN, :num_reqs, 1 : self.budget + 1].clamp(min=0)
+        budget = self.builder.step_shape(num_reqs).budget
+        return self.builder.table[TOKEN, :num_reqs, 1 : budget + 1].clamp(min=0)
 
     def _draft(
         self,

@@ -140,6 +140,7 @@ class DominoTreeRunnerMixin:
         self._stats.budget = self.drafter.budget
         self._stats.max_leaves = self.drafter.shape.max_leaves
         self._stats.step_leaves = self.drafter.shape.step_leaves
+        self._stats.step_nodes = self.drafter.shape.step_nodes
         if paths is not None:
             self._stats.path_splits = "vllm" if paths.splits is None else str(paths.splits)
         elif cuda:

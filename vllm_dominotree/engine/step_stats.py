@@ -77,6 +77,8 @@ class DominoTreeStats:
     max_leaves: int = 0
     # The leaves a step's trees share (config `step_leaves`; 0: none).
     step_leaves: int = 0
+    # The nodes a step's trees share (config `step_nodes`; 0: none).
+    step_nodes: int = 0
     # FA3's key splits for the path requests (config.path_splits): "vllm" or a count.
     path_splits: str = ""
     # "fixup": how its rows round (cuda_attention.fixup_rounding): "fa3", "triton", "fast".

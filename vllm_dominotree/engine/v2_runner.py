@@ -213,6 +213,7 @@ class DominoTreeV2RunnerMixin:
             "budget": self.speculator.shape.budget,
             "max_leaves": self.speculator.shape.max_leaves,
             "step_leaves": self.speculator.shape.step_leaves,
+            "step_nodes": self.speculator.shape.step_nodes,  # 0: refused here (speculative.py)
             "stage_seconds": dict(self.stage_clock.seconds),
             # The largest step vLLM captured (graph_sizes.py); 0 without graphs.
             "graph_tokens": self.compilation_config.max_cudagraph_capture_size or 0,

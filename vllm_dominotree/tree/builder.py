@@ -46,22 +46,31 @@ class TreeShape:
     # At most this many leaves over a step's trees together, shared out evenly over the
     # step's padded rows (`for_rows`); 0: no limit.
     step_leaves: int = 0
+    # At most this many nodes over a step's trees together, shared out the same way.
+    step_nodes: int = 0
 
     def __post_init__(self) -> None:
         if min(self.budget, self.max_depth, self.max_children) < 1:
             raise ValueError(f"tree budget, depth and children must be >= 1, got {self}")
-        if min(self.max_leaves, self.step_leaves) < 0:
-            raise ValueError(f"max_leaves and step_leaves must be >= 0, got {self}")
+        if min(self.max_leaves, self.step_leaves, self.step_nodes) < 0:
+            raise ValueError(f"max_leaves, step_leaves and step_nodes must be >= 0, got {self}")
 
     def for_rows(self, rows: int) -> TreeShape:
         """Each tree's shape in a step of `rows` padded rows (scorers.padded_rows, which
-        both builders share): max_leaves lowered to the rows' share of step_leaves, at
-        least one leaf (a path). A tree of `budget` nodes has at most `budget` leaves, so
-        a share that large changes nothing."""
-        share = max(1, self.step_leaves // rows) if self.step_leaves else self.budget
-        if share >= min(self.max_leaves or self.budget, self.budget):
-            return self
-        return replace(self, max_leaves=share)
+        both builders share): the budget lowered to the rows' share of step_nodes (at
+        least one node), then max_leaves to their share of step_leaves (at least one
+        leaf: a path). A tree of `budget` nodes has at most `budget` leaves, so a share
+        that large changes nothing. A best-first tree of fewer nodes is the larger one's
+        first nodes (the pops until then are the same), so a step's trees are prefixes
+        of the ones its requests get alone."""
+        shape = self
+        nodes = max(1, self.step_nodes // rows) if self.step_nodes else self.budget
+        if nodes < self.budget:
+            shape = replace(shape, budget=nodes)
+        share = max(1, self.step_leaves // rows) if self.step_leaves else shape.budget
+        if share >= min(shape.max_leaves or shape.budget, shape.budget):
+            return shape
+        return replace(shape, max_leaves=share)
 
     @property
     def max_branches(self) -> int:

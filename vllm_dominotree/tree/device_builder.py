@@ -159,6 +159,11 @@ class DeviceTreeBuilder:
     @torch.no_grad()
     def launch(self, anchors: torch.Tensor) -> None:
         """The build, queued (no wait)."""
+        if self.shape.step_nodes and not self.chain:
+            raise ValueError(
+                "step_nodes: this builder grows every tree to the whole budget; trees of "
+                "a step's share of nodes are the host heap's (build_trees, the CPU's)"
+            )
         n = anchors.shape[0]
         p = padded_rows(n, self.max_requests)
         self.anchors[:n].copy_(anchors)
