@@ -20,13 +20,20 @@ MODEL_RUNNERS = ("v1", "v2")
 # step of SmolLM2-135M on 2 cores, and budgets 2-4 were the only ones near parity
 # (benchmarks/results/smollm2_cpu_budgets.md).
 CPU_BUDGET = 4
-# The nodes a step's trees share when the user sets none: on CPU (the tree runner) the
-# budget, so a lone request's tree keeps it and a step of p padded rows gives each tree
-# budget // p (at least one): a batch verifies about as many rows as one request does.
-# With three requests in one batch, the shipped SmolLM2 pair at budget 4 ran at 0.89x /
-# 0.95x of plain decoding with one node a tree, 0.85x / 0.93x with two and 0.79x / 0.81x
-# with four, one request at a time unchanged (float32, two runs, this CPU:
-# benchmarks/results/cpu_2026-12-08_step_nodes/). CUDA: none (speculative.py refuses it).
+
+
+def cpu_step_nodes(budget: int) -> int:
+    """The nodes a step's trees share when the user sets none, on CPU (the tree runner):
+    the budget, so a lone request's tree keeps it and a step of p padded rows gives each
+    tree budget // p (at least one): a batch verifies about as many rows as one request.
+    With three requests in one batch, the shipped SmolLM2 pair at budget 4 ran at 0.89x /
+    0.95x of plain decoding with one node a tree, 0.85x / 0.93x with two and 0.79x /
+    0.81x with four, one request at a time unchanged (float32, two runs, a 2-core EPYC:
+    benchmarks/results/cpu_2026-12-08_step_nodes/). CUDA: none (speculative.py refuses
+    it there)."""
+    return budget
+
+
 # The draft vocabulary when the user sets none and the drafter ships a token ranking
 # (drafter/draft_vocab.py), per device. CPU: with SmolLM2's shipped pair at budget 4 in
 # bfloat16, 8192 tokens cut the build stage from 7.0 to 3.8 ms a step and kept the accept

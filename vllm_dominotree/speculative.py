@@ -17,7 +17,13 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from .config import CPU_BUDGET, CPU_DRAFT_VOCAB, DominoTreeConfig, DominoTreeConfigError
+from .config import (
+    CPU_BUDGET,
+    CPU_DRAFT_VOCAB,
+    DominoTreeConfig,
+    DominoTreeConfigError,
+    cpu_step_nodes,
+)
 from .drafter.checkpoint import DrafterFormatError, read_spec
 from .drafter.draft_vocab import default_size, draft_vocab_ids
 from .drafter.score_temperature import default_temperature
@@ -54,8 +60,7 @@ def translate(
         if on_cpu:
             chosen.setdefault("budget", CPU_BUDGET)
             if chosen.get("model_runner", DominoTreeConfig.model_runner) == "v1":
-                # A step's trees share one request's budget (config.CPU_STEP_NODES).
-                chosen.setdefault("step_nodes", chosen["budget"])
+                chosen.setdefault("step_nodes", cpu_step_nodes(chosen["budget"]))
             if "draft_vocab" not in chosen:
                 chosen["draft_vocab"] = default_size(drafter, CPU_DRAFT_VOCAB, spec.vocab_size)
         elif chosen.get("scorer") == "chain":
