@@ -107,9 +107,10 @@ def test_engine_rounds_match_the_reference_decoder(
     scorer, pair_dirs, drafter_dir, reference_models
 ):
     # The reference decodes one request at a time: its trees are whole, so the engine's
-    # batch must not share out leaves (step_leaves) for the rounds to compare.
+    # batch must not share out leaves or nodes (step_leaves, step_nodes) for the rounds
+    # to compare.
     spec = {"method": "dominotree", "model": drafter_dir, "scorer": scorer, "budget": 16}
-    llm = make_llm(pair_dirs, {**spec, "step_leaves": 0})
+    llm = make_llm(pair_dirs, {**spec, "step_leaves": 0, "step_nodes": 0})
     try:
         engine = engine_commits(llm, PROMPTS)
     finally:

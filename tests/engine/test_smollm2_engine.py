@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from vllm_dominotree.config import CPU_DRAFT_VOCAB
+from vllm_dominotree.config import CPU_BUDGET, CPU_DRAFT_VOCAB
 from vllm_dominotree.drafter.score_temperature import default_temperature
 from vllm_dominotree.evaluation.datasets import chat_token_ids
 from vllm_dominotree.training.smollm2 import DRAFTER_DIR
@@ -33,7 +33,9 @@ def test_smollm2_pair_is_lossless_and_accepts_drafts(smollm2_dir):
     want = greedy(llm, prompts, max_tokens=64)
     shutdown(llm)
     llm = make_llm(dirs, {"method": "dominotree", "model": str(DRAFTER_DIR)}, max_model_len=1024)
-    got = greedy(llm, prompts, max_tokens=64)
+    # One request at a time, as the main command's first run: the CPU's default shares a
+    # step's nodes out (config.cpu_step_nodes), so a lone request's tree keeps the budget.
+    got = [greedy(llm, [p], max_tokens=64)[0] for p in prompts]
     stats = tree_stats(llm)
     shutdown(llm)
     assert got == want
@@ -41,6 +43,7 @@ def test_smollm2_pair_is_lossless_and_accepts_drafts(smollm2_dir):
     # The CPU's default: the drafter drafts from its ranking's first CPU_DRAFT_VOCAB tokens.
     assert stats["draft_vocab"] == CPU_DRAFT_VOCAB
     assert stats["candidates"] == 64  # the correction's top M (the default)
+    assert stats["budget"] == stats["step_nodes"] == CPU_BUDGET
     # The drafter's fitted score temperature (drafter/score_temperature.py), not 1.
     fitted = default_temperature(DRAFTER_DIR, "conditional")
     assert fitted != 1.0 and stats["score_temperature"] == fitted
