@@ -43,7 +43,9 @@ def start(pair_dirs, log, speculative: dict | None) -> ApiServer:
 @pytest.fixture(scope="module")
 def servers(pair_dirs, tmp_path_factory):
     root = tmp_path_factory.mktemp("load")
-    spec = {"method": "dominotree", "model": pair_dirs["drafter"]}
+    # Whole trees under the load: the CPU's default shares a step's nodes out
+    # (config.cpu_step_nodes), which would give 64 concurrent requests one node each.
+    spec = {"method": "dominotree", "model": pair_dirs["drafter"], "step_nodes": 0}
     plain = start(pair_dirs, root / "plain.log", None)
     tree = start(pair_dirs, root / "tree.log", spec)
     try:
