@@ -29,7 +29,7 @@ from ..drafter.checkpoint import read_spec
 from ..speculative import ADDITIONAL_CONFIG_KEY
 from ..stage_clock import DraftBuildTimes
 from ..tree.ancestry import TOKEN
-from ..tree.builder import build_trees
+from ..tree.builder import TreeShape, build_trees
 from ..tree.device_builder import DeviceTreeBuilder
 from ..tree.scorers import padded_rows
 from .draft_graphs import DraftGraphs, draft_graphs_enabled
@@ -148,15 +148,14 @@ class DominoTreeProposer(DFlashProposer):
         self.draft_graphs = DraftGraphs(self, block_table, self.max_batch_size)
         self.draft_graphs.capture()
 
-    def _build(self, anchors: torch.Tensor) -> None:
-        """The trees into the builder's table (marking BUILT when they are queued)."""
+    def _build(self, anchors: torch.Tensor, shape: TreeShape) -> None:
+        """The trees into the builder's table (marking BUILT when they are queued); shape:
+        the step's (builder.step_shape), which the host heap takes."""
         if self.device.type == "cuda" or self.builder.chain:
             self.builder.launch(anchors)
         else:
             self.builder.counts.eager_builds += 1
-            self.builder.store(
-                build_trees(self.scorer, anchors.tolist(), self.builder.step_shape(len(anchors)))
-            )
+            self.builder.store(build_trees(self.scorer, anchors.tolist(), shape))
         self.times.mark(self.times.BUILT)
 
     @torch.inference_mode()
@@ -193,16 +192,16 @@ class DominoTreeProposer(DFlashProposer):
             )
         times.mark(times.DRAFTED)
         num_reqs = next_token_ids.shape[0]
+        shape = self.builder.step_shape(num_reqs)  # its budget: the drafts vLLM schedules
         with self.clock.stage("build"):  # the logits, the scorer's preparation, the build
             if self.builder.prepares(num_reqs):
                 self.step_hidden[:num_reqs].copy_(hidden)  # where the build's graph reads
             else:
                 self.scorer.prepare(hidden, self._logits(hidden))
-            self._build(next_token_ids)
+            self._build(next_token_ids, shape)
         self.times.close()
         # A new tensor: vLLM keeps it (and may copy it to the host) past the next build.
-        budget = self.builder.step_shape(num_reqs).budget
-        return self.builder.table[TOKEN, :num_reqs, 1 : budget + 1].clamp(min=0)
+        return self.builder.table[TOKEN, :num_reqs, 1 : shape.budget + 1].clamp(min=0)
 
     def _draft(
         self,
